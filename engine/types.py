@@ -1,0 +1,140 @@
+"""Frozen pydantic models shared by every layer: cards, requests, progress and chat chunks."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    """Base for every message: immutable, and unknown fields are an error at the edge."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+ModelSource = Literal["bundled", "path", "models_dir", "hf_cache"]
+
+
+class Quantization(Frozen):
+    bits: int
+    group_size: int
+
+
+class ModelCard(Frozen):
+    """What a model is, read from its config.json and safetensors headers without loading it."""
+
+    name: str
+    path: str
+    source: ModelSource
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    context_length: int | None
+    quantization: Quantization | None
+    dtype: str | None
+    bytes_on_disk: int
+    num_parameters: int
+    supports_tensor: bool
+    tensor_unsupported_reason: str | None = None
+
+
+class LoadProgress(Frozen):
+    """One more transformer layer is in memory."""
+
+    type: Literal["load"] = "load"
+    layers_loaded: int
+    total: int
+    rank: int = 0
+
+
+class ToolCall(Frozen):
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class Message(Frozen):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class ToolSpec(Frozen):
+    """A tool as the chat template sees it: a name, what it does and a JSON schema."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
+class ChatRequest(Frozen):
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    max_tokens: int = 512
+    temperature: float = 0.7
+    top_p: float = 1.0
+    seed: int | None = None
+    enable_thinking: bool | None = None
+
+
+# Chunks: what generation yields, one discriminated union.
+
+
+class TextChunk(Frozen):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ReasoningChunk(Frozen):
+    type: Literal["reasoning"] = "reasoning"
+    text: str
+
+
+class ToolCallChunk(Frozen):
+    type: Literal["tool_call"] = "tool_call"
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ErrorChunk(Frozen):
+    type: Literal["error"] = "error"
+    message: str
+
+
+FinishReason = Literal["stop", "length", "cancelled", "tool_calls", "error"]
+
+
+class Usage(Frozen):
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class Stats(Frozen):
+    ttft_s: float
+    prefill_tps: float
+    decode_tps: float
+    peak_memory_bytes: int
+
+
+class DoneChunk(Frozen):
+    type: Literal["done"] = "done"
+    finish_reason: FinishReason
+    usage: Usage
+    stats: Stats
+    token_ids: tuple[int, ...]
+
+
+Chunk = Annotated[
+    TextChunk | ReasoningChunk | ToolCallChunk | ErrorChunk | DoneChunk,
+    Field(discriminator="type"),
+]
