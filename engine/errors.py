@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class EngineError(Exception):
-    """An expected failure (bad path, bad file, bad request). The CLI prints it without a traceback."""
+    """An expected failure (bad path, file or request); the CLI prints it without a traceback."""
 
     def __init__(self, cause: str, fix: str) -> None:
         super().__init__(f"{cause}. {fix}")

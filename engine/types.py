@@ -52,6 +52,16 @@ class LoadProgress(Frozen):
     rank: int = 0
 
 
+class ModelReady(Frozen):
+    """Loading finished: which model, how long it took and which BLAS does the maths."""
+
+    type: Literal["ready"] = "ready"
+    model: str
+    load_seconds: float
+    blas: str
+    rank: int = 0
+
+
 class ToolCall(Frozen):
     id: str
     name: str

@@ -1,0 +1,35 @@
+# `make run`: set up and start exo-tui on the bundled demo model. `make test`: set up and run the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test lint typecheck bench screenshots clean
+
+$(VENV)/.base: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.base
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+run: $(VENV)/.base
+	$(VENV)/bin/exo-tui
+
+test: $(VENV)/.dev
+	$(PY) -m pytest
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(VENV)/.dev
+	$(VENV)/bin/pyright
+
+bench: $(VENV)/.dev
+	$(PY) bench/engine_vs_mlx_lm.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,176 @@
+"""Benchmark: the exo-tui engine against plain mlx-lm on the same model, prompt and seed.
+
+Each measurement runs in a fresh subprocess, engine and mlx-lm alternately, because the BLAS a
+process uses is fixed when MLX is first imported: the anchor is plain `mlx_lm.load` +
+`stream_generate` with the wheel's bundled BLAS; the engine preloads a system OpenBLAS when there
+is one. Prints the median of each figure, the ratios, and TTFT on turn 10 against turn 1 of a
+chat whose history grows every turn.
+
+    .venv/bin/python bench/engine_vs_mlx_lm.py [--rounds 3] [--model PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# ~50M parameters: 10 layers, hidden 640, MLP 1792, untied embeddings.
+BENCH_MODEL = dict(
+    hidden_size=640, num_layers=10, num_heads=10, num_kv_heads=5, intermediate_size=1792,
+    max_position_embeddings=8192,
+)
+MAX_TOKENS = 128
+SEED = 0
+
+
+def bench_model() -> Path:
+    import platformdirs
+
+    from tests.tiny_models import build_tiny_model
+
+    key = "-".join(f"{k}{v}" for k, v in sorted(BENCH_MODEL.items()))
+    folder = platformdirs.user_cache_path("exo-tui") / "bench" / f"llama-{key}"
+    if not (folder / "config.json").exists():
+        build_tiny_model(folder, "llama", **BENCH_MODEL)  # type: ignore[arg-type]
+    return folder
+
+
+def long_prompt() -> str:
+    words = (
+        "the cluster pools every machine a person owns so one model runs across them all "
+        "with layers placed by memory and tokens streamed back live to the terminal"
+    ).split()
+    return " ".join(words[i % len(words)] for i in range(420)) + ". Summarise that."
+
+
+def worker_mlx_lm(model: str) -> dict[str, Any]:
+    import mlx.core as mx
+    from mlx_lm import load, stream_generate
+
+    started = time.perf_counter()
+    llm, tokenizer = load(model)
+    load_s = time.perf_counter() - started
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": long_prompt()}], add_generation_prompt=True
+    )
+    mx.random.seed(SEED)
+    responses = list(stream_generate(llm, tokenizer, prompt, max_tokens=MAX_TOKENS))
+    return {
+        "load_s": load_s,
+        "prefill_tps": responses[-1].prompt_tps,
+        "decode_tps": responses[-1].generation_tps,
+        "token_ids": [r.token for r in responses],
+        "prompt_tokens": len(prompt),
+    }
+
+
+def worker_engine(model: str) -> dict[str, Any]:
+    from engine import blas
+    from engine.generate import generate
+    from engine.loading import load_model_sync
+    from engine.types import ChatRequest, DoneChunk, Message
+
+    started = time.perf_counter()
+    loaded = load_model_sync(model)
+    load_s = time.perf_counter() - started
+    request = ChatRequest(
+        messages=(Message(role="user", content=long_prompt()),),
+        max_tokens=MAX_TOKENS, temperature=0.0, seed=SEED,
+    )
+    done = [c for c in generate(loaded, request) if isinstance(c, DoneChunk)][0]
+
+    # A chat of 10 turns, the history growing each turn; TTFT per turn.
+    loaded.prompt_cache.clear()
+    history: list[Message] = []
+    ttfts: list[float] = []
+    for turn in range(10):
+        history.append(Message(role="user", content=f"Turn {turn}: " + long_prompt()[:160]))
+        request = ChatRequest(messages=tuple(history), max_tokens=32, temperature=0.0)
+        turn_done = [c for c in generate(loaded, request) if isinstance(c, DoneChunk)][0]
+        ttfts.append(turn_done.stats.ttft_s)
+        answer = loaded.tokenizer.decode(list(turn_done.token_ids))
+        history.append(Message(role="assistant", content=answer))
+    return {
+        "load_s": load_s,
+        "prefill_tps": done.stats.prefill_tps,
+        "decode_tps": done.stats.decode_tps,
+        "token_ids": list(done.token_ids),
+        "prompt_tokens": done.usage.prompt_tokens,
+        "blas": blas.describe(),
+        "ttft_turns": ttfts,
+        "history_tokens": turn_done.usage.prompt_tokens,
+    }
+
+
+def run_worker(kind: str, model: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", kind, "--model", str(model)],
+        capture_output=True, text=True, check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--worker", choices=["engine", "mlx_lm"], default=None)
+    args = parser.parse_args()
+    if args.worker:
+        work = worker_engine if args.worker == "engine" else worker_mlx_lm
+        print(json.dumps(work(str(args.model))))
+        return
+
+    model = args.model or bench_model()
+    from tests.tiny_models import parameter_count
+
+    print(f"model: {model} ({parameter_count(model) / 1e6:.1f}M parameters)", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {"engine": [], "mlx_lm": []}
+    for round_ in range(args.rounds):
+        for kind in ("mlx_lm", "engine"):
+            result = run_worker(kind, model)
+            runs[kind].append(result)
+            print(
+                f"round {round_ + 1} {kind:<7} load {result['load_s']:.2f} s  "
+                f"prefill {result['prefill_tps']:.1f} tok/s  decode {result['decode_tps']:.1f} tok/s",
+                flush=True,
+            )
+
+    def median(kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[kind])
+
+    engine, anchor = runs["engine"], runs["mlx_lm"]
+    identical = all(e["token_ids"] == a["token_ids"] for e in engine for a in anchor)
+    ttft1 = statistics.median(r["ttft_turns"][0] for r in engine)
+    ttft10 = statistics.median(r["ttft_turns"][9] for r in engine)
+    print()
+    print(f"prompt {anchor[0]['prompt_tokens']} tokens, {MAX_TOKENS} generated, "
+          f"{args.rounds} rounds (medians); engine BLAS: {engine[0]['blas']}")
+    print("| figure | mlx-lm (anchor) | engine | ratio | target |")
+    print("|---|---|---|---|---|")
+    rows = [
+        ("prefill tok/s", "prefill_tps", "≥ 5x", False),
+        ("decode tok/s", "decode_tps", "≥ 1.3x", False),
+        ("load s", "load_s", "≤ 1.1x", True),
+    ]
+    for label, key, target, _lower_better in rows:
+        a, e = median("mlx_lm", key), median("engine", key)
+        print(f"| {label} | {a:.2f} | {e:.2f} | {e / a:.2f}x | {target} |")
+    print(f"| token ids identical | | | {'yes' if identical else 'NO'} | yes |")
+    print(
+        f"| TTFT turn 10 / turn 1 ({engine[0]['history_tokens']} history tokens) | "
+        f"| {ttft10 * 1000:.0f} ms / {ttft1 * 1000:.0f} ms | {ttft10 / ttft1:.2f}x | ≤ 1.2x |"
+    )
+
+
+if __name__ == "__main__":
+    main()

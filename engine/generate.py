@@ -1,0 +1,210 @@
+"""A chat request in, a stream of typed chunks out: text, reasoning, tool calls, errors, done."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Sequence
+from typing import Any, Protocol
+
+import mlx.core as mx
+from mlx_lm.generate import stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+from engine.errors import RequestError
+from engine.loading import LoadedModel
+from engine.parsers import OutputParser, ParsedChunk, tool_schema
+from engine.types import (
+    ChatRequest,
+    Chunk,
+    DoneChunk,
+    ErrorChunk,
+    FinishReason,
+    Message,
+    Stats,
+    ToolCallChunk,
+    Usage,
+)
+
+
+class CancelToken(Protocol):
+    """Anything with `is_set()`, e.g. `threading.Event`; checked before every token."""
+
+    def is_set(self) -> bool: ...
+
+
+class NeverCancelled:
+    def is_set(self) -> bool:
+        return False
+
+
+class StreamParser(Protocol):
+    def feed(self, token: int, text: str) -> Sequence[ParsedChunk]: ...
+    def finish(self) -> Sequence[ParsedChunk]: ...
+
+
+class _TextStreamParser:
+    """Adapts the text-level `OutputParser` to the token stream."""
+
+    def __init__(self, parser: OutputParser) -> None:
+        self._parser = parser
+
+    def feed(self, token: int, text: str) -> Sequence[ParsedChunk]:
+        return self._parser.feed(text) if text else ()
+
+    def finish(self) -> Sequence[ParsedChunk]:
+        return self._parser.finish()
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    """A message as Hugging Face chat templates expect it."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.reasoning:
+        out["reasoning_content"] = message.reasoning
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name:
+        out["name"] = message.name
+    return out
+
+
+def validate(request: ChatRequest) -> None:
+    if not request.messages:
+        raise RequestError("The chat request has no messages", "Send at least one user message")
+    last = request.messages[-1]
+    if last.role == "user" and not last.content.strip():
+        raise RequestError("The prompt is empty", "Type a message, or pass --prompt TEXT")
+    if request.max_tokens < 1:
+        raise RequestError(
+            f"max_tokens is {request.max_tokens}", "Ask for at least one token (--max-tokens N)"
+        )
+    if request.temperature < 0:
+        raise RequestError(
+            f"temperature is {request.temperature}", "Use 0 for greedy or a positive value"
+        )
+
+
+def render_prompt(loaded: LoadedModel, request: ChatRequest) -> list[int]:
+    """The prompt token ids: the model's own chat template with the tools, ending in its turn."""
+    tokenizer = loaded.tokenizer
+    messages = [message_dict(m) for m in request.messages]
+    if getattr(tokenizer, "chat_template", None) is None:
+        text = "\n".join(m.content for m in request.messages)
+        return list(tokenizer.encode(text))
+    kwargs: dict[str, Any] = {"add_generation_prompt": True}
+    if request.tools:
+        kwargs["tools"] = [tool_schema(t) for t in request.tools]
+    if request.enable_thinking is not None:
+        kwargs["enable_thinking"] = request.enable_thinking
+    tokens: Any = tokenizer.apply_chat_template(messages, **kwargs)
+    if isinstance(tokens, dict):  # newer transformers return a BatchEncoding
+        tokens = tokens["input_ids"]
+    return [int(t) for t in tokens]
+
+
+def _parser_for(loaded: LoadedModel, request: ChatRequest, prompt: list[int]) -> StreamParser:
+    tokenizer = loaded.tokenizer
+    think_start_tokens: tuple[int, ...] | None = tokenizer.think_start_tokens
+    starts_thinking = bool(
+        think_start_tokens and tuple(prompt[-len(think_start_tokens) :]) == think_start_tokens
+    )
+    return _TextStreamParser(
+        OutputParser(
+            think_start=tokenizer.think_start,
+            think_end=tokenizer.think_end,
+            tool_call_start=tokenizer.tool_call_start,
+            tool_call_end=tokenizer.tool_call_end,
+            tool_parser=tokenizer.tool_parser,
+            tools=request.tools,
+            start_in_reasoning=starts_thinking,
+        )
+    )
+
+
+def generate(
+    loaded: LoadedModel, request: ChatRequest, cancel: CancelToken | None = None
+) -> Generator[Chunk]:
+    """Stream the answer to `request`; the last chunk is always a DoneChunk.
+
+    Raises RequestError before anything is generated when the request cannot be served.
+    """
+    started = time.perf_counter()
+    cancel = cancel or NeverCancelled()
+    validate(request)
+    prompt = render_prompt(loaded, request)
+    context = loaded.context_length
+    if context is not None and len(prompt) >= context:
+        raise RequestError(
+            f"The prompt is {len(prompt)} tokens but {loaded.card.name} holds at most {context}",
+            "Shorten the message or start a new chat",
+        )
+    max_tokens = (
+        request.max_tokens if context is None else min(request.max_tokens, context - len(prompt))
+    )
+    parser = _parser_for(loaded, request, prompt)
+    cache, rest = loaded.prompt_cache.take(loaded.model, prompt)
+    cached = len(prompt) - len(rest)
+    if request.seed is not None:
+        mx.random.seed(request.seed)
+    sampler = make_sampler(
+        temp=request.temperature, top_p=request.top_p if request.top_p < 1 else 0.0
+    )
+    mx.reset_peak_memory()
+
+    token_ids: list[int] = []
+    ttft = 0.0
+    prefill_tps = 0.0
+    decode_tps = 0.0
+    finish: FinishReason = "stop"
+    tool_calls = 0
+    for response in stream_generate(
+        loaded.model,
+        loaded.tokenizer,
+        mx.array(rest),
+        max_tokens=max_tokens,
+        sampler=sampler,
+        prompt_cache=cache,
+    ):
+        if not token_ids:
+            ttft = time.perf_counter() - started
+            prefill_tps = response.prompt_tps
+        token_ids.append(response.token)
+        decode_tps = response.generation_tps
+        for chunk in parser.feed(response.token, response.text):
+            tool_calls += isinstance(chunk, ToolCallChunk)
+            yield chunk
+        if response.finish_reason is not None:
+            finish = "length" if response.finish_reason == "length" else "stop"
+        if cancel.is_set():
+            finish = "cancelled"
+            break
+
+    # The cache now holds the prompt and every token generated (each was fed before it came out).
+    loaded.prompt_cache.keep(prompt + token_ids, cache)
+    for chunk in parser.finish():
+        if isinstance(chunk, ErrorChunk) and finish == "stop":
+            finish = "error"
+        yield chunk
+    if tool_calls and finish == "stop":
+        finish = "tool_calls"
+    yield DoneChunk(
+        finish_reason=finish,
+        usage=Usage(
+            prompt_tokens=len(prompt), completion_tokens=len(token_ids), cached_tokens=cached
+        ),
+        stats=Stats(
+            ttft_s=ttft,
+            prefill_tps=prefill_tps,
+            decode_tps=decode_tps,
+            peak_memory_bytes=int(mx.get_peak_memory()),
+        ),
+        token_ids=tuple(token_ids),
+    )

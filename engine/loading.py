@@ -1,0 +1,117 @@
+"""Loading generators: a model comes into memory one transformer layer at a time, with progress."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_model as mlx_lm_load_model
+from mlx_lm.utils import load_tokenizer
+
+from engine import blas
+from engine.errors import ModelFormatError
+from engine.models import read_card
+from engine.prompt_cache import ConversationCache
+from engine.types import LoadProgress, ModelCard
+
+Loading = Generator[LoadProgress, None, "LoadedModel"]
+
+
+@dataclass
+class LoadedModel:
+    """A model in memory, ready to generate: weights, tokenizer, card and its prompt caches."""
+
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    card: ModelCard
+    config: dict[str, Any]
+    blas: str
+    prompt_cache: ConversationCache = field(default_factory=ConversationCache)
+
+    @property
+    def context_length(self) -> int | None:
+        return self.card.context_length
+
+    def unload(self) -> None:
+        """Drop the prompt caches and MLX's buffer cache; the weights go with the last reference."""
+        self.prompt_cache.clear()
+        mx.clear_cache()
+
+
+def transformer_layers(model: nn.Module) -> Sequence[nn.Module]:
+    """The model's list of transformer blocks (mlx-lm models expose it as `.layers`)."""
+    layers: Any = getattr(model, "layers", None)
+    if layers is None:
+        inner: Any = getattr(model, "model", None)
+        layers = getattr(inner, "layers", None)
+    if not isinstance(layers, list | tuple):
+        raise ModelFormatError(
+            f"mlx-lm's {type(model).__module__} model exposes no list of transformer layers",
+            "Pick a model with a standard decoder architecture",
+        )
+    return list(layers)  # pyright: ignore[reportUnknownArgumentType]
+
+
+def materialise_layers(layers: Sequence[nn.Module], rank: int = 0) -> Generator[LoadProgress]:
+    """Evaluate each layer's weights in turn, reporting after each one; the last report is n/n."""
+    total = len(layers)
+    for index, layer in enumerate(layers):
+        mx.eval(layer.parameters())
+        yield LoadProgress(layers_loaded=index + 1, total=total, rank=rank)
+
+
+def open_lazy(path: Path) -> tuple[nn.Module, dict[str, Any], TokenizerWrapper, ModelCard]:
+    """Build the model with lazily loaded weights and its tokenizer; nothing big is read yet."""
+    card = read_card(path)
+    try:
+        model, config = mlx_lm_load_model(path, lazy=True)
+    except ValueError as error:
+        raise ModelFormatError(
+            f"mlx-lm cannot build the model in {path}: {error}",
+            "Check that the weights match config.json, or re-download the model",
+        ) from error
+    try:
+        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except (OSError, ValueError, json.JSONDecodeError) as error:
+        raise ModelFormatError(
+            f"Could not load the tokenizer in {path}: {error}",
+            "The folder needs tokenizer.json (or tokenizer.model) and tokenizer_config.json; "
+            "re-download the model",
+        ) from error
+    return model, config, tokenizer, card
+
+
+def load_model(path: Path | str) -> Loading:
+    """Load a model whole: `loaded = yield from load_model(path)`, one LoadProgress per layer."""
+    path = Path(path)
+    blas_in_use = blas.describe()
+    model, config, tokenizer, card = open_lazy(path)
+    layers = transformer_layers(model)
+    # Embeddings, final norm and head first, so the last report (n/n) means ready.
+    layer_ids = {id(array) for layer in layers for _, array in _leaves(layer)}
+    rest = [array for _, array in _leaves(model) if id(array) not in layer_ids]
+    mx.eval(rest)
+    yield from materialise_layers(layers)
+    return LoadedModel(model=model, tokenizer=tokenizer, card=card, config=config, blas=blas_in_use)
+
+
+def load_model_sync(path: Path | str) -> LoadedModel:
+    """Run the loading generator to the end, for callers that need no progress."""
+    loading = load_model(path)
+    while True:
+        try:
+            next(loading)
+        except StopIteration as done:
+            loaded: LoadedModel = done.value
+            return loaded
+
+
+def _leaves(module: nn.Module) -> list[tuple[str, mx.array]]:
+    return tree_flatten(module.parameters())  # pyright: ignore[reportReturnType]

@@ -1,0 +1,200 @@
+"""Headless commands: `exo-tui chat` (one turn, text or JSON Lines) and `exo-tui models`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from engine.errors import EngineError, ModelNotFoundError
+from engine.types import (
+    ChatRequest,
+    Chunk,
+    DoneChunk,
+    ErrorChunk,
+    LoadProgress,
+    Message,
+    ModelCard,
+    ModelReady,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+)
+
+
+def default_model_spec(models_dirs: list[Path] | None) -> str:
+    """The model to use when none is named: the bundled demo, else the only installed one."""
+    from engine.models import bundled_demo_dir, find_models
+
+    if (bundled_demo_dir() / "config.json").exists():
+        return "demo"
+    found = find_models(models_dirs, include_bundled=False)
+    if len(found) == 1:
+        return found[0].path
+    raise ModelNotFoundError(
+        "No model named and no bundled demo model"
+        + (f" ({len(found)} models installed)" if found else ""),
+        "Pass --model NAME_OR_PATH; `exo-tui models` lists the models found",
+    )
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return str(args.prompt)
+    if sys.stdin.isatty():
+        raise EngineError("No prompt given", "Pass --prompt TEXT or pipe the message on stdin")
+    return sys.stdin.read()
+
+
+def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
+    messages: list[Message] = []
+    if args.system:
+        messages.append(Message(role="system", content=args.system))
+    messages.append(Message(role="user", content=prompt))
+    return ChatRequest(
+        messages=tuple(messages),
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from engine.generate import generate, validate
+    from engine.loading import load_model
+    from engine.models import resolve_model
+
+    prompt = read_prompt(args)
+    request = build_request(args, prompt)
+    validate(request)  # a bad request fails before minutes of loading
+    card = resolve_model(args.model or default_model_spec(args.models_dir), args.models_dir)
+    out = JsonLines() if args.json else TextOutput(card)
+    started = time.perf_counter()
+    loading = load_model(Path(card.path))
+    try:
+        while True:
+            out.progress(next(loading))
+    except StopIteration as done:
+        loaded = done.value
+    out.loaded(
+        ModelReady(model=card.name, load_seconds=time.perf_counter() - started, blas=loaded.blas)
+    )
+    for chunk in generate(loaded, request):
+        out.chunk(chunk)
+    return out.exit_code
+
+
+class JsonLines:
+    """One JSON object per event on stdout, flushed as it happens."""
+
+    exit_code = 0
+
+    def progress(self, event: LoadProgress) -> None:
+        self._write(event.model_dump_json())
+
+    def loaded(self, ready: ModelReady) -> None:
+        self._write(ready.model_dump_json())
+
+    def chunk(self, chunk: Chunk) -> None:
+        if isinstance(chunk, ErrorChunk):
+            self.exit_code = 1
+        self._write(chunk.model_dump_json())
+
+    @staticmethod
+    def _write(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
+class TextOutput:
+    """Loading as a Rich progress bar on stderr, the answer streamed as plain text on stdout."""
+
+    exit_code = 0
+
+    def __init__(self, card: ModelCard) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self._console = Console(stderr=True)
+        self._bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self._console,
+            transient=True,
+        )
+        self._task = self._bar.add_task(f"loading {card.name}", total=card.num_layers)
+        self._bar.start()
+        self._in_reasoning = False
+
+    def progress(self, event: LoadProgress) -> None:
+        self._bar.update(self._task, completed=event.layers_loaded, total=event.total)
+
+    def loaded(self, ready: ModelReady) -> None:
+        self._bar.stop()
+        self._console.print(
+            f"[dim]{ready.model} loaded in {ready.load_seconds:.1f} s, BLAS: {ready.blas}[/dim]"
+        )
+
+    def chunk(self, chunk: Chunk) -> None:
+        match chunk:
+            case TextChunk(text=text):
+                self._end_reasoning()
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            case ReasoningChunk(text=text):
+                if not self._in_reasoning:
+                    self._in_reasoning = True
+                    self._console.print("[dim]thinking…[/dim]")
+                self._console.print(text, end="", style="dim", markup=False, highlight=False)
+            case ToolCallChunk(name=name, arguments=arguments):
+                self._end_reasoning()
+                self._console.print(f"\n[bold]tool call[/bold] {name}({json.dumps(arguments)})")
+            case ErrorChunk(message=message):
+                self.exit_code = 1
+                self._console.print(f"\n[red]error:[/red] {message}", markup=True)
+            case DoneChunk(usage=usage, stats=stats, finish_reason=reason):
+                sys.stdout.write("\n")
+                self._console.print(
+                    f"[dim]{usage.prompt_tokens} prompt ({usage.cached_tokens} cached) + "
+                    f"{usage.completion_tokens} tokens, TTFT {stats.ttft_s * 1000:.0f} ms, "
+                    f"prefill {stats.prefill_tps:.1f} tok/s, decode {stats.decode_tps:.1f} tok/s, "
+                    f"{reason}[/dim]"
+                )
+
+    def _end_reasoning(self) -> None:
+        if self._in_reasoning:
+            self._in_reasoning = False
+            self._console.print()
+
+
+def _card_lines(cards: list[ModelCard]) -> Iterator[str]:
+    for card in cards:
+        quant = f"{card.quantization.bits}-bit" if card.quantization else (card.dtype or "?")
+        tensor = "tensor ok" if card.supports_tensor else "pipeline only"
+        yield (
+            f"{card.name:<40} {card.source:<10} {card.model_type:<12} {card.num_layers:>3} layers "
+            f"{card.bytes_on_disk / 1e6:>9.1f} MB {quant:<8} {tensor}  {card.path}"
+        )
+
+
+def list_models(args: argparse.Namespace) -> int:
+    from engine.models import find_models_with_errors
+
+    cards, skipped = find_models_with_errors(args.models_dir)
+    if args.json:
+        for card in cards:
+            print(card.model_dump_json())
+    else:
+        if not cards:
+            print("No models found. Pass --models-dir DIR or download one from Hugging Face.")
+        for line in _card_lines(cards):
+            print(line)
+    for skip in skipped:
+        print(f"exo-tui: skipped {skip.path}: {skip.error}", file=sys.stderr)
+    return 0

@@ -1,0 +1,209 @@
+"""Loading with per-layer progress and generation against plain mlx-lm, on real tiny models."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx_lm import load as mlx_lm_load
+from mlx_lm import stream_generate
+
+from engine.errors import RequestError
+from engine.generate import generate, render_prompt
+from engine.loading import LoadedModel, load_model, load_model_sync
+from engine.types import (
+    ChatRequest,
+    Chunk,
+    DoneChunk,
+    LoadProgress,
+    Message,
+    TextChunk,
+)
+
+
+def chat(text: str, *history: Message, **kwargs: object) -> ChatRequest:
+    return ChatRequest(
+        messages=(*history, Message(role="user", content=text)),
+        temperature=0.0,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def done_of(chunks: Iterable[Chunk]) -> DoneChunk:
+    collected = list(chunks)
+    assert isinstance(collected[-1], DoneChunk)
+    assert sum(isinstance(c, DoneChunk) for c in collected) == 1
+    return collected[-1]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama: Path) -> LoadedModel:
+    return load_model_sync(tiny_llama)
+
+
+def test_loading_reports_every_layer_and_ends_at_n_of_n(tiny_llama: Path) -> None:
+    loading = load_model(tiny_llama)
+    reports: list[LoadProgress] = []
+    while True:
+        try:
+            reports.append(next(loading))
+        except StopIteration as stop:
+            result = stop.value
+            break
+    assert isinstance(result, LoadedModel)
+    n = result.card.num_layers
+    assert [r.layers_loaded for r in reports] == list(range(1, n + 1))
+    assert all(r.total == n for r in reports)
+    assert reports[-1].layers_loaded == reports[-1].total
+
+
+def test_layers_are_materialised_one_at_a_time(tiny_llama: Path) -> None:
+    """Each report follows one more layer's weights landing in memory, not all at once."""
+    loading = load_model(tiny_llama)
+    sizes: list[int] = []
+    for _ in loading:
+        sizes.append(mx.get_active_memory())
+    assert len(sizes) > 2
+    assert all(later > earlier for earlier, later in zip(sizes, sizes[1:], strict=False))
+
+
+def test_greedy_tokens_match_plain_mlx_lm(tiny_llama: Path, loaded: LoadedModel) -> None:
+    request = chat("Tell me about the weather in Paris.", max_tokens=200)
+    done = done_of(generate(loaded, request))
+    loaded.prompt_cache.clear()
+
+    model, tokenizer = mlx_lm_load(str(tiny_llama))
+    prompt = render_prompt(loaded, request)
+    reference = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=200)]
+    assert list(done.token_ids) == reference
+    assert len(set(reference)) > 10
+    assert done.usage.completion_tokens == 200
+    assert done.finish_reason == "length"
+    assert done.usage.prompt_tokens == len(prompt)
+
+
+def test_text_chunks_join_to_the_decoded_tokens(loaded: LoadedModel) -> None:
+    chunks = list(generate(loaded, chat("Say something.", max_tokens=40)))
+    done = done_of(chunks)
+    text = "".join(c.text for c in chunks if isinstance(c, TextChunk))
+    assert text == loaded.tokenizer.decode(list(done.token_ids))
+    assert done.stats.ttft_s > 0
+    assert done.stats.decode_tps > 0
+    assert done.stats.prefill_tps > 0
+    assert done.stats.peak_memory_bytes > 0
+
+
+def test_next_turn_prefills_only_the_new_tokens(loaded: LoadedModel) -> None:
+    loaded.prompt_cache.clear()
+    first = chat("What is a pipeline?", max_tokens=12)
+    done1 = done_of(generate(loaded, first))
+    assert done1.usage.cached_tokens == 0
+    answer = loaded.tokenizer.decode(list(done1.token_ids))
+    second = chat(
+        "And tensor parallel?", *first.messages, Message(role="assistant", content=answer),
+        max_tokens=12,
+    )
+    done2 = done_of(generate(loaded, second))
+    prompt1 = render_prompt(loaded, first)
+    prompt2 = render_prompt(loaded, second)
+    common = 0
+    for a, b in zip(prompt1 + list(done1.token_ids), prompt2, strict=False):
+        if a != b:
+            break
+        common += 1
+    assert common > len(prompt1)  # the history is really a prefix of the new prompt
+    assert done2.usage.cached_tokens == common
+    # Same tokens as a cold start of the same turn.
+    loaded.prompt_cache.clear()
+    cold = done_of(generate(loaded, second))
+    assert cold.usage.cached_tokens == 0
+    assert cold.token_ids == done2.token_ids
+
+
+def test_edited_turn_reuses_the_longest_common_prefix(loaded: LoadedModel) -> None:
+    loaded.prompt_cache.clear()
+    original = chat("Count the apples in the basket please.", max_tokens=8)
+    done_of(generate(loaded, original))
+    edited = chat("Count the pears in the basket please.", max_tokens=8)
+    done = done_of(generate(loaded, edited))
+    a, b = render_prompt(loaded, original), render_prompt(loaded, edited)
+    lcp = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    assert done.usage.cached_tokens == lcp
+    # Regenerating the same turn reuses all but the last prompt token.
+    again = done_of(generate(loaded, edited))
+    assert again.usage.cached_tokens == len(b) - 1
+    assert again.token_ids == done.token_ids
+
+
+def test_kept_cache_holds_prompt_and_generated_tokens(loaded: LoadedModel) -> None:
+    loaded.prompt_cache.clear()
+    request = chat("Hello there.", max_tokens=9)
+    done = done_of(generate(loaded, request))
+    prompt = render_prompt(loaded, request)
+    cache, rest = loaded.prompt_cache.take(loaded.model, prompt + list(done.token_ids) + [5])
+    assert rest == [5]
+    assert cache[0].offset == len(prompt) + len(done.token_ids)
+
+
+def test_cache_memory_is_bounded_and_released(tiny_llama: Path) -> None:
+    model = load_model_sync(tiny_llama)
+    model.prompt_cache.max_entries = 2
+    model.prompt_cache.clear()
+    for word in ("red", "green", "blue", "yellow"):
+        done_of(generate(model, chat(f"Paint it {word} and say why.", max_tokens=4)))
+    assert len(model.prompt_cache) == 2
+    assert model.prompt_cache.nbytes > 0
+    model.unload()
+    assert len(model.prompt_cache) == 0
+    assert model.prompt_cache.nbytes == 0
+
+
+def test_cancel_ends_with_a_cancelled_done(loaded: LoadedModel) -> None:
+    cancel = threading.Event()
+    count = 0
+    chunks: list[Chunk] = []
+    for chunk in generate(loaded, chat("Go on forever.", max_tokens=500), cancel):
+        chunks.append(chunk)
+        if isinstance(chunk, TextChunk):
+            count += 1
+            if count == 5:
+                cancel.set()
+    done = done_of(chunks)
+    assert done.finish_reason == "cancelled"
+    assert 5 <= done.usage.completion_tokens <= 6
+
+
+def test_seeded_sampling_repeats(loaded: LoadedModel) -> None:
+    request = ChatRequest(
+        messages=(Message(role="user", content="Pick words."),),
+        temperature=0.9,
+        seed=42,
+        max_tokens=30,
+    )
+    first = done_of(generate(loaded, request)).token_ids
+    second = done_of(generate(loaded, request)).token_ids
+    other = done_of(generate(loaded, request.model_copy(update={"seed": 7}))).token_ids
+    assert first == second
+    assert first != other
+
+
+def test_empty_prompt_is_refused(loaded: LoadedModel) -> None:
+    with pytest.raises(RequestError, match="prompt is empty"):
+        list(generate(loaded, chat("   ")))
+
+
+def test_prompt_longer_than_the_context_is_refused(tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
+    path = tiny_model_factory("llama", max_position_embeddings=64)
+    small = load_model_sync(path)
+    with pytest.raises(RequestError, match=r"tokens but .* holds at most 64"):
+        list(generate(small, chat("word " * 200)))
+
+
+def test_every_architecture_loads_and_generates(any_arch_model: Path) -> None:
+    model = load_model_sync(any_arch_model)
+    done = done_of(generate(model, chat("Hello!", max_tokens=20)))
+    assert done.usage.completion_tokens == 20
+    assert len(set(done.token_ids)) > 3
