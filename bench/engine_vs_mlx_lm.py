@@ -25,7 +25,11 @@ sys.path.insert(0, str(ROOT))
 
 # ~50M parameters: 10 layers, hidden 640, MLP 1792, untied embeddings.
 BENCH_MODEL = dict(
-    hidden_size=640, num_layers=10, num_heads=10, num_kv_heads=5, intermediate_size=1792,
+    hidden_size=640,
+    num_layers=10,
+    num_heads=10,
+    num_kv_heads=5,
+    intermediate_size=1792,
     max_position_embeddings=8192,
 )
 MAX_TOKENS = 128
@@ -84,7 +88,9 @@ def worker_engine(model: str) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     request = ChatRequest(
         messages=(Message(role="user", content=long_prompt()),),
-        max_tokens=MAX_TOKENS, temperature=0.0, seed=SEED,
+        max_tokens=MAX_TOKENS,
+        temperature=0.0,
+        seed=SEED,
     )
     done = [c for c in generate(loaded, request) if isinstance(c, DoneChunk)][0]
 
@@ -114,7 +120,9 @@ def worker_engine(model: str) -> dict[str, Any]:
 def run_worker(kind: str, model: Path) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, __file__, "--worker", kind, "--model", str(model)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -141,7 +149,8 @@ def main() -> None:
             runs[kind].append(result)
             print(
                 f"round {round_ + 1} {kind:<7} load {result['load_s']:.2f} s  "
-                f"prefill {result['prefill_tps']:.1f} tok/s  decode {result['decode_tps']:.1f} tok/s",
+                f"prefill {result['prefill_tps']:.1f} tok/s  "
+                f"decode {result['decode_tps']:.1f} tok/s",
                 flush=True,
             )
 
@@ -153,8 +162,10 @@ def main() -> None:
     ttft1 = statistics.median(r["ttft_turns"][0] for r in engine)
     ttft10 = statistics.median(r["ttft_turns"][9] for r in engine)
     print()
-    print(f"prompt {anchor[0]['prompt_tokens']} tokens, {MAX_TOKENS} generated, "
-          f"{args.rounds} rounds (medians); engine BLAS: {engine[0]['blas']}")
+    print(
+        f"prompt {anchor[0]['prompt_tokens']} tokens, {MAX_TOKENS} generated, "
+        f"{args.rounds} rounds (medians); engine BLAS: {engine[0]['blas']}"
+    )
     print("| figure | mlx-lm (anchor) | engine | ratio | target |")
     print("|---|---|---|---|---|")
     rows = [

@@ -7,10 +7,11 @@ from collections.abc import Generator, Sequence
 from typing import Any, Protocol
 
 import mlx.core as mx
-from mlx_lm.generate import stream_generate
+from mlx_lm.generate import stream_generate  # pyright: ignore[reportUnknownVariableType]
 from mlx_lm.sample_utils import make_sampler
 
 from engine.errors import RequestError
+from engine.harmony import HarmonyStreamParser, render_gpt_oss_prompt
 from engine.loading import LoadedModel
 from engine.parsers import OutputParser, ParsedChunk, tool_schema
 from engine.types import (
@@ -92,9 +93,28 @@ def validate(request: ChatRequest) -> None:
         )
 
 
+class _HarmonyTokenParser:
+    """gpt-oss speaks harmony: openai-harmony parses its tokens, not the decoded text."""
+
+    def __init__(self) -> None:
+        self._parser = HarmonyStreamParser()
+
+    def feed(self, token: int, text: str) -> Sequence[ParsedChunk]:
+        return self._parser.feed(token)
+
+    def finish(self) -> Sequence[ParsedChunk]:
+        return self._parser.finish()
+
+
+def is_harmony(loaded: LoadedModel) -> bool:
+    return loaded.card.model_type == "gpt_oss"
+
+
 def render_prompt(loaded: LoadedModel, request: ChatRequest) -> list[int]:
     """The prompt token ids: the model's own chat template with the tools, ending in its turn."""
-    tokenizer = loaded.tokenizer
+    if is_harmony(loaded):
+        return render_gpt_oss_prompt(request.messages, request.tools)
+    tokenizer: Any = loaded.tokenizer
     messages = [message_dict(m) for m in request.messages]
     if getattr(tokenizer, "chat_template", None) is None:
         text = "\n".join(m.content for m in request.messages)
@@ -104,14 +124,16 @@ def render_prompt(loaded: LoadedModel, request: ChatRequest) -> list[int]:
         kwargs["tools"] = [tool_schema(t) for t in request.tools]
     if request.enable_thinking is not None:
         kwargs["enable_thinking"] = request.enable_thinking
-    tokens: Any = tokenizer.apply_chat_template(messages, **kwargs)
-    if isinstance(tokens, dict):  # newer transformers return a BatchEncoding
-        tokens = tokens["input_ids"]
-    return [int(t) for t in tokens]
+    rendered: Any = tokenizer.apply_chat_template(messages, **kwargs)
+    # Newer transformers may return a BatchEncoding instead of the ids.
+    ids = cast(list[int], rendered["input_ids"] if isinstance(rendered, dict) else rendered)
+    return [int(t) for t in ids]
 
 
 def _parser_for(loaded: LoadedModel, request: ChatRequest, prompt: list[int]) -> StreamParser:
-    tokenizer = loaded.tokenizer
+    if is_harmony(loaded):
+        return _HarmonyTokenParser()
+    tokenizer: Any = loaded.tokenizer  # mlx-lm's wrapper is untyped
     think_start_tokens: tuple[int, ...] | None = tokenizer.think_start_tokens
     starts_thinking = bool(
         think_start_tokens and tuple(prompt[-len(think_start_tokens) :]) == think_start_tokens

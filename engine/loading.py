@@ -1,4 +1,6 @@
 """Loading generators: a model comes into memory one transformer layer at a time, with progress."""
+# pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false
+# (mlx.nn and mlx-lm ship no complete type information.)
 
 from __future__ import annotations
 
@@ -6,17 +8,18 @@ import json
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten  # pyright: ignore[reportUnknownVariableType]
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import load_model as mlx_lm_load_model
-from mlx_lm.utils import load_tokenizer
+from mlx_lm.utils import load_model as mlx_lm_load_model  # pyright: ignore[reportUnknownVariableType]
+from mlx_lm.utils import load_tokenizer  # pyright: ignore[reportUnknownVariableType]
 
 from engine import blas
 from engine.errors import ModelFormatError
+from engine.harmony import stop_token_ids
 from engine.models import read_card
 from engine.prompt_cache import ConversationCache
 from engine.types import LoadProgress, ModelCard
@@ -71,20 +74,25 @@ def open_lazy(path: Path) -> tuple[nn.Module, dict[str, Any], TokenizerWrapper, 
     """Build the model with lazily loaded weights and its tokenizer; nothing big is read yet."""
     card = read_card(path)
     try:
-        model, config = mlx_lm_load_model(path, lazy=True)
+        built = cast(tuple[nn.Module, dict[str, Any]], mlx_lm_load_model(path, lazy=True))
+        model, config = built
     except ValueError as error:
         raise ModelFormatError(
             f"mlx-lm cannot build the model in {path}: {error}",
             "Check that the weights match config.json, or re-download the model",
         ) from error
     try:
-        tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+        tokenizer: TokenizerWrapper = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except (OSError, ValueError, json.JSONDecodeError) as error:
         raise ModelFormatError(
             f"Could not load the tokenizer in {path}: {error}",
             "The folder needs tokenizer.json (or tokenizer.model) and tokenizer_config.json; "
             "re-download the model",
         ) from error
+    if card.model_type == "gpt_oss":
+        # Harmony ends a turn with <|return|> or <|call|>; fail here if its vocabulary is missing.
+        eos = cast(set[int], tokenizer.eos_token_ids)
+        tokenizer.eos_token_ids = eos | set(stop_token_ids())
     return model, config, tokenizer, card
 
 

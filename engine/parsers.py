@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from engine.types import ErrorChunk, ReasoningChunk, TextChunk, ToolCallChunk, ToolSpec
 
@@ -143,13 +143,14 @@ class OutputParser:
 
 
 def _tool_call_chunk(call: Any, text: str) -> ToolCallChunk | ErrorChunk:
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):  # pyright: ignore[reportUnknownMemberType]
+    fields = cast(dict[str, Any], call) if isinstance(call, dict) else {}
+    name = fields.get("name")
+    if not isinstance(name, str):
         return ErrorChunk(message=f"The model's tool call has no tool name: {text.strip()[:200]!r}")
-    name: str = call["name"]
-    arguments: Any = call.get("arguments", {})  # pyright: ignore[reportUnknownMemberType]
+    arguments: object = fields.get("arguments", {})
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = cast(object, json.loads(arguments)) if arguments.strip() else {}
         except json.JSONDecodeError as error:
             return ErrorChunk(
                 message=f"The arguments of the model's call to {name} are not valid JSON "
@@ -160,7 +161,7 @@ def _tool_call_chunk(call: Any, text: str) -> ToolCallChunk | ErrorChunk:
             message=f"The arguments of the model's call to {name} are not a JSON object: "
             f"{arguments!r}"
         )
-    return ToolCallChunk(id=new_call_id(), name=name, arguments=arguments)  # pyright: ignore[reportUnknownArgumentType]
+    return ToolCallChunk(id=new_call_id(), name=name, arguments=cast(dict[str, Any], arguments))
 
 
 def tool_schema(tool: ToolSpec) -> dict[str, Any]:

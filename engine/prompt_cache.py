@@ -28,11 +28,14 @@ class ConversationCache:
     def __init__(self, max_entries: int = 8, max_bytes: int = _DEFAULT_MAX_BYTES) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self._lru = LRUPromptCache(max_size=max_entries, max_bytes=max_bytes)
+        self._lru: Any = LRUPromptCache(max_size=max_entries, max_bytes=max_bytes)  # untyped
 
     def take(self, model: Any, prompt: list[int]) -> tuple[list[Any], list[int]]:
         """A KV cache to continue from and the prompt tokens it does not hold yet (never empty)."""
-        cache, rest = self._lru.fetch_nearest_cache(_MODEL_KEY, prompt)
+        found: tuple[list[Any] | None, list[int]] = self._lru.fetch_nearest_cache(
+            _MODEL_KEY, prompt
+        )
+        cache, rest = found
         if cache is not None and not rest:
             # The whole prompt is cached; generation needs one token to feed, so give one back.
             if can_trim_prompt_cache(cache):

@@ -1,4 +1,4 @@
-"""The output parser splits streamed text into answer, reasoning and tool calls, markers split anyhow."""
+"""The output parser splits streamed text into answer, reasoning and tool calls."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def merged(chunks: list[ParsedChunk]) -> list[tuple[str, str]]:
 
 
 TEXT = (
-    '<think>The user wants 12*34.</think>Let me compute.<tool_call>\n'
+    "<think>The user wants 12*34.</think>Let me compute.<tool_call>\n"
     '{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
 )
 EXPECTED = [

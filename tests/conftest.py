@@ -1,0 +1,47 @@
+"""Shared fixtures: tiny random-weight models in mlx-lm format (see tests/tiny_models.py).
+
+The folders are built once per session and shared: treat them as read-only. A test that
+changes a model folder builds its own with ``build_tiny_model(tmp_path / ..., ...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.tiny_models import ARCHITECTURES, build_tiny_model
+
+TinyModelFactory = Callable[..., Path]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> TinyModelFactory:
+    """``factory(arch="llama", **kwargs) -> Path``: build_tiny_model, cached per arguments."""
+    built: dict[tuple[str, tuple[tuple[str, Any], ...]], Path] = {}
+
+    def factory(arch: str = "llama", **kwargs: Any) -> Path:
+        key = (arch, tuple(sorted(kwargs.items())))
+        if key not in built:
+            folder = tmp_path_factory.mktemp(f"tiny-{arch}")
+            built[key] = build_tiny_model(folder, arch, **kwargs)
+        return built[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_factory: TinyModelFactory) -> Path:
+    """The default tiny llama (4 layers, hidden 64, vocab 768, 2 shard files)."""
+    return tiny_model_factory("llama")
+
+
+@pytest.fixture(scope="session", params=ARCHITECTURES, ids=list(ARCHITECTURES))
+def tiny_model(request: pytest.FixtureRequest, tiny_model_factory: TinyModelFactory) -> Path:
+    """The default tiny model of every architecture in ARCHITECTURES.
+
+    A test narrows it with ``@pytest.mark.parametrize("tiny_model", ["qwen3"], indirect=True)``.
+    """
+    return tiny_model_factory(request.param)
