@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import mlx.core as mx
 from mlx_lm.generate import stream_generate  # pyright: ignore[reportUnknownVariableType]
