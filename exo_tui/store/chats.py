@@ -1,0 +1,544 @@
+"""Chat history in SQLite: chats and their messages, each committed the moment it is written.
+
+One connection in WAL mode is shared by every thread behind a lock (the app writes from
+worker threads). Every write is its own transaction with ``synchronous=FULL``, so a message
+that ``append`` returned from survives a crash of the process, or of the machine.
+
+``open_chat_store`` is the way in for the app: a database it cannot read is moved aside and a
+fresh one started, and the notice it returns tells the user where the old file went.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from engine.types import Frozen, Message, ToolCall
+from exo_tui.store import paths
+
+DEFAULT_TITLE = "New chat"
+TITLE_LENGTH = 40
+BUSY_TIMEOUT_S = 5.0
+
+
+class ChatStoreError(Exception):
+    """The chat history could not be read or written."""
+
+
+class ChatNotFoundError(ChatStoreError, LookupError):
+    """No chat has this id (deleted, or never created)."""
+
+    def __init__(self, chat_id: str) -> None:
+        super().__init__(f"no chat with id {chat_id!r}")
+        self.chat_id = chat_id
+
+
+class UnreadableChatDatabase(ChatStoreError):
+    """The file is not a chat database this version can use; ``reason`` says why, in words."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"the chat database at {path} could not be read ({reason})")
+        self.path = path
+        self.reason = reason
+
+
+class ChatSummary(Frozen):
+    """A chat as the chat list shows it. ``updated_at`` is when its last message was written."""
+
+    id: str
+    title: str
+    model: str
+    created_at: datetime
+    updated_at: datetime
+    message_count: int
+
+
+class StoredMessage(Frozen):
+    """A message with what the store keeps beside it: its place, its stats and when it came."""
+
+    position: int
+    message: Message
+    stats: dict[str, Any] | None
+    created_at: datetime
+
+
+class OpenedChatStore(NamedTuple):
+    """What ``open_chat_store`` gives back; ``notice`` is for the user, None when all went well."""
+
+    store: ChatStore
+    notice: str | None
+
+
+# Schema and migrations. MIGRATIONS[i] takes a database from version i to i + 1, inside the
+# same transaction that records the new version, so a failed migration leaves nothing half done.
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+def _schema_v1(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """
+        CREATE TABLE chats (
+            id TEXT PRIMARY KEY,
+            title TEXT,
+            model TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )
+        """
+    )
+    conn.execute(
+        """
+        CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            chat_id TEXT NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL,
+            reasoning TEXT,
+            tool_calls TEXT NOT NULL DEFAULT '[]',
+            tool_call_id TEXT,
+            name TEXT,
+            stats TEXT,
+            created_at REAL NOT NULL,
+            UNIQUE (chat_id, position)
+        )
+        """
+    )
+    conn.execute("CREATE INDEX chats_by_updated ON chats (updated_at)")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_schema_v1,)
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+# SQLite result codes that mean the bytes on disk are not a usable database.
+_UNREADABLE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+
+
+def auto_title(text: str, limit: int = TITLE_LENGTH) -> str | None:
+    """A chat title from its first user message: whitespace folded, cut at a word near ``limit``."""
+    flat = " ".join(text.split())
+    if not flat:
+        return None
+    if len(flat) <= limit:
+        return flat
+    cut = flat[:limit]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,.;:-") + "…"
+
+
+def _time(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+class ChatStore:
+    """Chats and their messages in one SQLite file; safe to share between threads."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, migrations: Sequence[Migration] = MIGRATIONS
+    ) -> None:
+        """Open (creating if need be) and migrate the database at ``path`` (or ``":memory:"``).
+
+        Raises UnreadableChatDatabase when the file is not a usable chat database, and
+        ChatStoreError for other failures (locked by another process for too long, say).
+        """
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        if str(path) != ":memory:" and self.path.is_file():
+            self._check_file()
+        try:
+            self._conn = sqlite3.connect(
+                str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as error:
+            raise ChatStoreError(f"could not open the chat database at {path}: {error}") from error
+        try:
+            self._setup(migrations)
+        except sqlite3.Error as error:
+            self._conn.close()
+            if error.sqlite_errorcode & 0xFF in _UNREADABLE_CODES:
+                raise UnreadableChatDatabase(self.path, str(error)) from error
+            raise ChatStoreError(f"could not open the chat database at {path}: {error}") from error
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _check_file(self) -> None:
+        # Before SQLite sees it: on closing a connection to a file that is not a database,
+        # SQLite deletes the -wal beside it, which may hold the last writes of a damaged one.
+        if not os.access(self.path, os.R_OK | os.W_OK):
+            raise UnreadableChatDatabase(self.path, "permission denied")
+        try:
+            with self.path.open("rb") as file:
+                header = file.read(len(SQLITE_HEADER))
+        except OSError as error:
+            raise UnreadableChatDatabase(self.path, error.strerror or str(error)) from error
+        if header and header != SQLITE_HEADER:
+            raise UnreadableChatDatabase(self.path, "it is not an SQLite database")
+
+    def _setup(self, migrations: Sequence[Migration]) -> None:
+        conn = self._conn
+        # The first statement that reads the file: garbage fails here with SQLITE_NOTADB.
+        conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
+        if problems != ["ok"]:
+            raise UnreadableChatDatabase(self.path, f"it is damaged: {problems[0]}")
+        with self._write():
+            tables = {
+                row[0]
+                for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                if not row[0].startswith("sqlite_")
+            }
+            if "schema_version" not in tables:
+                if tables:
+                    raise UnreadableChatDatabase(
+                        self.path, "it is an SQLite database, but not one of exo-tui's chats"
+                    )
+                conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
+                conn.execute("INSERT INTO schema_version (version) VALUES (0)")
+            row = conn.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                raise UnreadableChatDatabase(self.path, "its schema version is missing")
+            version: int = row[0]
+            if version > len(migrations):
+                raise UnreadableChatDatabase(
+                    self.path,
+                    f"it was written by a newer exo-tui: schema version {version}, "
+                    f"this one knows up to {len(migrations)}",
+                )
+            for migrate in migrations[version:]:
+                migrate(conn)
+            conn.execute("UPDATE schema_version SET version = ?", (len(migrations),))
+        self.schema_version = len(migrations)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken at once (IMMEDIATE) so concurrent writers queue up."""
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def _require_chat(self, conn: sqlite3.Connection, chat_id: str) -> tuple[Any, ...]:
+        row = conn.execute("SELECT title FROM chats WHERE id = ?", (chat_id,)).fetchone()
+        if row is None:
+            raise ChatNotFoundError(chat_id)
+        return row
+
+    # Chats
+
+    def create_chat(self, model: str, title: str | None = None) -> ChatSummary:
+        """A new, empty chat. Without a title it takes one from its first user message."""
+        chat_id = uuid.uuid4().hex
+        now = time.time()
+        clean = " ".join(title.split()) if title is not None else ""
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO chats (id, title, model, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (chat_id, clean or None, model, now, now),
+            )
+        return ChatSummary(
+            id=chat_id,
+            title=clean or DEFAULT_TITLE,
+            model=model,
+            created_at=_time(now),
+            updated_at=_time(now),
+            message_count=0,
+        )
+
+    _SUMMARY_SQL = """
+        SELECT c.id, c.title, c.model, c.created_at, c.updated_at,
+               (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id)
+        FROM chats c
+    """
+
+    @staticmethod
+    def _summary(row: Sequence[Any]) -> ChatSummary:
+        chat_id, title, model, created_at, updated_at, count = row
+        return ChatSummary(
+            id=chat_id,
+            title=title or DEFAULT_TITLE,
+            model=model,
+            created_at=_time(created_at),
+            updated_at=_time(updated_at),
+            message_count=count,
+        )
+
+    def get_chat(self, chat_id: str) -> ChatSummary:
+        rows = self._read(self._SUMMARY_SQL + " WHERE c.id = ?", (chat_id,))
+        if not rows:
+            raise ChatNotFoundError(chat_id)
+        return self._summary(rows[0])
+
+    def list_chats(self) -> list[ChatSummary]:
+        """Every chat, the one with the latest message first."""
+        rows = self._read(self._SUMMARY_SQL + " ORDER BY c.updated_at DESC, c.rowid DESC")
+        return [self._summary(row) for row in rows]
+
+    def rename(self, chat_id: str, title: str) -> None:
+        """Give a chat a title of the user's own (whitespace folded; it must not be empty)."""
+        clean = " ".join(title.split())
+        if not clean:
+            raise ValueError("a chat title cannot be empty")
+        with self._write() as conn:
+            self._require_chat(conn, chat_id)
+            conn.execute("UPDATE chats SET title = ? WHERE id = ?", (clean, chat_id))
+
+    def delete(self, chat_id: str) -> None:
+        """Delete a chat and all its messages."""
+        with self._write() as conn:
+            if conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,)).rowcount == 0:
+                raise ChatNotFoundError(chat_id)
+
+    # Messages
+
+    @staticmethod
+    def _columns(message: Message, stats: dict[str, Any] | None) -> tuple[Any, ...]:
+        tool_calls = json.dumps(
+            [call.model_dump(mode="json") for call in message.tool_calls], ensure_ascii=False
+        )
+        stats_json = None if stats is None else json.dumps(stats, ensure_ascii=False)
+        return (
+            message.role,
+            message.content,
+            message.reasoning,
+            tool_calls,
+            message.tool_call_id,
+            message.name,
+            stats_json,
+        )
+
+    def append(self, chat_id: str, message: Message, stats: dict[str, Any] | None = None) -> int:
+        """Add a message at the end of a chat, committed before this returns; its position.
+
+        ``stats`` is any JSON-able dict (usage, TTFT, tok/s) shown beside the message.
+        """
+        columns = self._columns(message, stats)  # a stats dict that is not JSON fails here
+        now = time.time()
+        with self._write() as conn:
+            (title,) = self._require_chat(conn, chat_id)
+            (position,) = conn.execute(
+                "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE chat_id = ?",
+                (chat_id,),
+            ).fetchone()
+            conn.execute(
+                "INSERT INTO messages (chat_id, position, role, content, reasoning, tool_calls, "
+                "tool_call_id, name, stats, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (chat_id, position, *columns, now),
+            )
+            new_title = title
+            if title is None and message.role == "user":
+                new_title = auto_title(message.content)
+            conn.execute(
+                "UPDATE chats SET updated_at = ?, title = ? WHERE id = ?",
+                (now, new_title, chat_id),
+            )
+        return position
+
+    def replace_last(
+        self, chat_id: str, message: Message, stats: dict[str, Any] | None = None
+    ) -> int:
+        """Overwrite the last message of a chat (a regenerated answer); its position."""
+        columns = self._columns(message, stats)
+        now = time.time()
+        with self._write() as conn:
+            self._require_chat(conn, chat_id)
+            (position,) = conn.execute(
+                "SELECT MAX(position) FROM messages WHERE chat_id = ?", (chat_id,)
+            ).fetchone()
+            if position is None:
+                raise ChatStoreError(f"chat {chat_id!r} has no message to replace")
+            conn.execute(
+                "UPDATE messages SET role = ?, content = ?, reasoning = ?, tool_calls = ?, "
+                "tool_call_id = ?, name = ?, stats = ?, created_at = ? "
+                "WHERE chat_id = ? AND position = ?",
+                (*columns, now, chat_id, position),
+            )
+            conn.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (now, chat_id))
+        return position
+
+    def truncate(self, chat_id: str, position: int) -> int:
+        """Drop the message at ``position`` and every one after it (edit, regenerate); how many."""
+        if position < 0:
+            raise ValueError(f"a message position is 0 or more, not {position}")
+        with self._write() as conn:
+            self._require_chat(conn, chat_id)
+            deleted = conn.execute(
+                "DELETE FROM messages WHERE chat_id = ? AND position >= ?", (chat_id, position)
+            ).rowcount
+            conn.execute("UPDATE chats SET updated_at = ? WHERE id = ?", (time.time(), chat_id))
+        return deleted
+
+    def entries(self, chat_id: str) -> list[StoredMessage]:
+        """A chat's messages in order, with their positions, stats and times."""
+        with self._lock:
+            self._require_chat(self._conn, chat_id)
+            rows = self._conn.execute(
+                "SELECT position, role, content, reasoning, tool_calls, tool_call_id, name, "
+                "stats, created_at FROM messages WHERE chat_id = ? ORDER BY position",
+                (chat_id,),
+            ).fetchall()
+        entries: list[StoredMessage] = []
+        for position, role, content, reasoning, tool_calls, call_id, name, stats, at in rows:
+            message = Message.model_validate(
+                {
+                    "role": role,
+                    "content": content,
+                    "reasoning": reasoning,
+                    "tool_calls": [ToolCall.model_validate(c) for c in json.loads(tool_calls)],
+                    "tool_call_id": call_id,
+                    "name": name,
+                }
+            )
+            entries.append(
+                StoredMessage(
+                    position=position,
+                    message=message,
+                    stats=None if stats is None else json.loads(stats),
+                    created_at=_time(at),
+                )
+            )
+        return entries
+
+    def messages(self, chat_id: str) -> list[Message]:
+        """A chat's messages in order, ready to send back to the model."""
+        return [entry.message for entry in self.entries(chat_id)]
+
+    def export_markdown(self, chat_id: str) -> str:
+        """The chat as a Markdown document (see ``render_markdown``)."""
+        with self._lock:  # one consistent view of the chat and its messages
+            return render_markdown(self.get_chat(chat_id), self.messages(chat_id))
+
+    # Lifetime
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> ChatStore:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def open_chat_store(path: str | os.PathLike[str] | None = None) -> OpenedChatStore:
+    """Open the chat history at ``path`` (default: the data dir's chats.db), whatever is there.
+
+    A file that cannot be read as a chat database is moved aside to
+    ``<name>.broken-<timestamp>`` and a new one started; if even that fails, the store lives in
+    memory for this session. Either way ``notice`` says what happened, in the user's words.
+    """
+    db = Path(path) if path is not None else paths.chats_db_path()
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        return OpenedChatStore(ChatStore(db), None)
+    except UnreadableChatDatabase as error:
+        reason = error.reason
+    except (ChatStoreError, OSError) as error:
+        return _in_memory(db, str(error))
+    try:
+        aside = _move_aside(db)
+        store = ChatStore(db)
+    except (ChatStoreError, OSError) as error:
+        return _in_memory(db, f"{reason}; moving it aside failed: {error}")
+    notice = (
+        f"The chat database at {db} could not be read ({reason}); "
+        f"it was moved to {aside} and a new one started."
+    )
+    return OpenedChatStore(store, notice)
+
+
+def _in_memory(db: Path, reason: str) -> OpenedChatStore:
+    notice = (
+        f"The chat database at {db} could not be opened ({reason}); "
+        "chats will not be saved this session."
+    )
+    return OpenedChatStore(ChatStore(":memory:"), notice)
+
+
+def _move_aside(db: Path) -> Path:
+    """Rename a broken database (and its WAL and journal files) out of the way; the new name."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    aside = db.with_name(f"{db.name}.broken-{stamp}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = db.with_name(f"{db.name}.broken-{stamp}-{n}")
+    db.rename(aside)
+    # A leftover WAL beside a new database of the same name would be replayed into it.
+    for suffix in ("-wal", "-shm", "-journal"):
+        sidecar = db.with_name(db.name + suffix)
+        if sidecar.exists():
+            sidecar.rename(aside.with_name(aside.name + suffix))
+    return aside
+
+
+# Markdown export: pure, so it is tested without a database.
+
+
+def _fenced(text: str, info: str = "") -> str:
+    """A code block whose fence is longer than any run of backticks inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{info}\n{text}\n{fence}"
+
+
+def render_markdown(chat: ChatSummary, messages: Sequence[Message]) -> str:
+    """User, assistant and tool messages as Markdown; reasoning folds away in <details>.
+
+    System messages are left out: they are settings, not conversation.
+    """
+    blocks = [
+        f"# {chat.title}",
+        f"Model: `{chat.model}` · started {chat.created_at:%Y-%m-%d %H:%M} UTC",
+    ]
+    for message in messages:
+        match message.role:
+            case "system":
+                continue
+            case "user":
+                blocks.append("## User")
+            case "assistant":
+                blocks.append("## Assistant")
+            case "tool":
+                name = f" `{message.name}`" if message.name else ""
+                blocks.append(f"## Tool result{name}")
+                blocks.append(_fenced(message.content))
+                continue
+        if message.reasoning:
+            # A literal closing tag in the reasoning would end the block early.
+            reasoning = message.reasoning.strip().replace("</details", "&lt;/details")
+            blocks.append(f"<details>\n<summary>Reasoning</summary>\n\n{reasoning}\n\n</details>")
+        if message.content.strip():
+            blocks.append(message.content.strip())
+        for call in message.tool_calls:
+            arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False)
+            blocks.append(f"**Tool call** `{call.name}`\n\n{_fenced(arguments, 'json')}")
+    return "\n\n".join(blocks) + "\n"
