@@ -1,0 +1,432 @@
+"""Cluster state and the one pure reducer that folds events into it: `apply(state, event)`.
+
+The TUI renders a `ClusterState`; discovery, the control connections and the user's choices
+produce `ClusterEvent`s; nothing else changes the state. Rules the reducer keeps:
+
+- A node exists once it has sent stats (`NodeSeen`, or `StatsUpdated` from a node not yet
+  known: stats are proof of life). Runner events for a node that is unknown or offline are
+  stale and ignored, so a late progress report cannot undo a failure.
+- A node that comes back after `NodeLost` starts with an idle runner: its runners were stopped.
+- Layer counts are clamped to ``0 <= layers_loaded <= layers_total``; a failure always has a
+  reason.
+- The instance (the placement being loaded or served) fails, with the first reason, when one of
+  its nodes is lost or fails to load; the failure stays until a new placement or
+  `InstanceCleared`. Once every node of a healthy instance has unloaded, the instance is gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Annotated, Literal, Self
+
+from pydantic import Field, model_validator
+
+from engine.types import Frozen
+from exo_tui.cluster.placement import Placement, Strategy
+
+Backend = Literal["cpu", "metal", "cuda"]
+
+
+class NodeStats(Frozen):
+    """What a node reports about itself, every second."""
+
+    node_id: str = Field(min_length=1)
+    name: str
+    backend: Backend
+    blas: str
+    memory_total_bytes: int = Field(ge=0)
+    memory_available_bytes: int = Field(ge=0)
+    models: tuple[str, ...] = ()
+
+    @property
+    def memory_used_bytes(self) -> int:
+        return max(0, self.memory_total_bytes - self.memory_available_bytes)
+
+
+# Runner states: one discriminated union on `state`.
+
+
+class RunnerIdle(Frozen):
+    state: Literal["idle"] = "idle"
+
+
+class RunnerLoading(Frozen):
+    state: Literal["loading"] = "loading"
+    model: str
+    layers_loaded: int = Field(default=0, ge=0)
+    layers_total: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _loaded_within_total(self) -> Self:
+        if self.layers_loaded > self.layers_total:
+            raise ValueError(f"layers_loaded {self.layers_loaded} > total {self.layers_total}")
+        return self
+
+
+class RunnerReady(Frozen):
+    state: Literal["ready"] = "ready"
+    model: str
+    layers_total: int = Field(ge=0)
+
+
+class RunnerGenerating(Frozen):
+    state: Literal["generating"] = "generating"
+    model: str
+    layers_total: int = Field(ge=0)
+
+
+class RunnerFailed(Frozen):
+    state: Literal["failed"] = "failed"
+    reason: str = Field(min_length=1)
+    model: str | None = None
+
+
+RunnerState = Annotated[
+    RunnerIdle | RunnerLoading | RunnerReady | RunnerGenerating | RunnerFailed,
+    Field(discriminator="state"),
+]
+
+
+class NodeView(Frozen):
+    """A node as the cluster sees it."""
+
+    stats: NodeStats
+    runner: RunnerState = RunnerIdle()
+    online: bool = True
+    last_seen: float
+
+    @property
+    def node_id(self) -> str:
+        return self.stats.node_id
+
+    @property
+    def name(self) -> str:
+        return self.stats.name
+
+
+InstanceStatus = Literal["placed", "loading", "ready", "generating", "failed"]
+
+
+class Instance(Frozen):
+    """A placed model: the placement, and why it failed if it did."""
+
+    placement: Placement
+    failed_reason: str | None = Field(default=None, min_length=1)
+
+    @property
+    def model(self) -> str:
+        return self.placement.model
+
+
+class ClusterState(Frozen):
+    """Every node (in the order first seen), the user's choices and the running instance."""
+
+    nodes: tuple[NodeView, ...] = ()
+    model: str | None = None
+    strategy: Strategy = "pipeline"
+    chosen_nodes: tuple[str, ...] | None = None
+    instance: Instance | None = None
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Self:
+        ids = [n.node_id for n in self.nodes]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"node ids must be unique: {ids}")
+        return self
+
+    def node(self, node_id: str) -> NodeView | None:
+        return next((n for n in self.nodes if n.node_id == node_id), None)
+
+    @property
+    def online_nodes(self) -> tuple[NodeView, ...]:
+        return tuple(n for n in self.nodes if n.online)
+
+    @property
+    def candidates(self) -> tuple[NodeStats, ...]:
+        """Stats of the nodes to place on, in ring order: the chosen ones that are online, in
+        the order first chosen, or every online node when none were chosen."""
+        if self.chosen_nodes is None:
+            return tuple(n.stats for n in self.online_nodes)
+        found = (self.node(i) for i in dict.fromkeys(self.chosen_nodes))
+        return tuple(n.stats for n in found if n is not None and n.online)
+
+    @property
+    def instance_status(self) -> InstanceStatus | None:
+        if self.instance is None:
+            return None
+        if self.instance.failed_reason is not None:
+            return "failed"
+        runners = [
+            n.runner for i in self.instance.placement.node_ids if (n := self.node(i)) is not None
+        ]
+        states = {r.state for r in runners}
+        if states <= {"idle"}:
+            return "placed"
+        if "failed" in states:
+            return "failed"
+        if states <= {"ready", "generating"}:
+            return "generating" if "generating" in states else "ready"
+        return "loading"
+
+
+# Events: one discriminated union on `type`.
+
+
+class NodeSeen(Frozen):
+    type: Literal["node_seen"] = "node_seen"
+    stats: NodeStats
+    at: float
+
+
+class NodeLost(Frozen):
+    type: Literal["node_lost"] = "node_lost"
+    node_id: str
+    reason: str = Field(default="stopped answering", min_length=1)
+
+
+class StatsUpdated(Frozen):
+    type: Literal["stats_updated"] = "stats_updated"
+    stats: NodeStats
+    at: float
+
+
+class LoadStarted(Frozen):
+    type: Literal["load_started"] = "load_started"
+    node_id: str
+    model: str
+    total: int = Field(ge=0)
+
+
+class LoadProgressed(Frozen):
+    type: Literal["load_progressed"] = "load_progressed"
+    node_id: str
+    layers_loaded: int = Field(ge=0)
+    total: int = Field(ge=0)
+
+
+class LoadFinished(Frozen):
+    type: Literal["load_finished"] = "load_finished"
+    node_id: str
+    model: str
+    total: int = Field(ge=0)
+
+
+class LoadFailed(Frozen):
+    type: Literal["load_failed"] = "load_failed"
+    node_id: str
+    reason: str = Field(min_length=1)
+
+
+class GenerationStarted(Frozen):
+    type: Literal["generation_started"] = "generation_started"
+    node_id: str
+
+
+class GenerationFinished(Frozen):
+    type: Literal["generation_finished"] = "generation_finished"
+    node_id: str
+
+
+class Unloaded(Frozen):
+    type: Literal["unloaded"] = "unloaded"
+    node_id: str
+
+
+class ModelSelected(Frozen):
+    type: Literal["model_selected"] = "model_selected"
+    model: str | None
+
+
+class StrategySelected(Frozen):
+    type: Literal["strategy_selected"] = "strategy_selected"
+    strategy: Strategy
+
+
+class NodesChosen(Frozen):
+    """The user picked the nodes to place on (in ring order); ``None`` means every online node."""
+
+    type: Literal["nodes_chosen"] = "nodes_chosen"
+    node_ids: tuple[str, ...] | None
+
+
+class InstancePlaced(Frozen):
+    """A placement was accepted for launch; it replaces any previous instance."""
+
+    type: Literal["instance_placed"] = "instance_placed"
+    placement: Placement
+
+
+class InstanceCleared(Frozen):
+    type: Literal["instance_cleared"] = "instance_cleared"
+
+
+NodeEvent = (
+    LoadStarted
+    | LoadProgressed
+    | LoadFinished
+    | LoadFailed
+    | GenerationStarted
+    | GenerationFinished
+    | Unloaded
+)
+
+ClusterEvent = Annotated[
+    NodeSeen
+    | NodeLost
+    | StatsUpdated
+    | NodeEvent
+    | ModelSelected
+    | StrategySelected
+    | NodesChosen
+    | InstancePlaced
+    | InstanceCleared,
+    Field(discriminator="type"),
+]
+
+
+def apply(state: ClusterState, event: ClusterEvent) -> ClusterState:
+    """The state after ``event``; ``state`` is left as it was."""
+    match event:
+        case NodeSeen(stats=stats, at=at) | StatsUpdated(stats=stats, at=at):
+            return _seen(state, stats, at)
+        case NodeLost(node_id=node_id, reason=reason):
+            return _lost(state, node_id, reason)
+        case (
+            LoadStarted()
+            | LoadProgressed()
+            | LoadFinished()
+            | LoadFailed()
+            | GenerationStarted()
+            | GenerationFinished()
+            | Unloaded()
+        ):
+            return _runner_event(state, event)
+        case ModelSelected(model=model):
+            return _with(state, model=model)
+        case StrategySelected(strategy=strategy):
+            return _with(state, strategy=strategy)
+        case NodesChosen(node_ids=node_ids):
+            return _with(state, chosen_nodes=node_ids)
+        case InstancePlaced(placement=placement):
+            return _with(state, instance=Instance(placement=placement))
+        case InstanceCleared():
+            return _with(state, instance=None)
+
+
+def apply_all(state: ClusterState, events: Iterable[ClusterEvent]) -> ClusterState:
+    for event in events:
+        state = apply(state, event)
+    return state
+
+
+def stale_nodes(state: ClusterState, now: float, timeout: float) -> tuple[str, ...]:
+    """Online nodes not heard from for longer than ``timeout``: the shell sends `NodeLost`."""
+    return tuple(n.node_id for n in state.nodes if n.online and now - n.last_seen > timeout)
+
+
+# Helpers. Every new model is built through the constructor so validators run.
+
+
+def _with(state: ClusterState, **changes: object) -> ClusterState:
+    return ClusterState.model_validate({**dict(state), **changes})
+
+
+def _replace_node(state: ClusterState, view: NodeView) -> ClusterState:
+    if state.node(view.node_id) is None:
+        nodes = (*state.nodes, view)
+    else:
+        nodes = tuple(view if n.node_id == view.node_id else n for n in state.nodes)
+    return _with(state, nodes=nodes)
+
+
+def _seen(state: ClusterState, stats: NodeStats, at: float) -> ClusterState:
+    old = state.node(stats.node_id)
+    if old is None or not old.online:
+        view = NodeView(stats=stats, runner=RunnerIdle(), online=True, last_seen=at)
+    else:
+        view = NodeView(
+            stats=stats, runner=old.runner, online=True, last_seen=max(at, old.last_seen)
+        )
+    return _replace_node(state, view)
+
+
+def _lost(state: ClusterState, node_id: str, reason: str) -> ClusterState:
+    old = state.node(node_id)
+    if old is None or not old.online:
+        return state
+    why = f"node {old.name} {reason}"
+    runner: RunnerState = old.runner
+    if not isinstance(runner, RunnerIdle | RunnerFailed):
+        runner = RunnerFailed(reason=why, model=runner.model)
+    view = NodeView(stats=old.stats, runner=runner, online=False, last_seen=old.last_seen)
+    return _fail_instance(_replace_node(state, view), node_id, why)
+
+
+def _fail_instance(state: ClusterState, node_id: str, reason: str) -> ClusterState:
+    instance = state.instance
+    if (
+        instance is None
+        or instance.failed_reason is not None
+        or node_id not in instance.placement.node_ids
+    ):
+        return state
+    return _with(state, instance=Instance(placement=instance.placement, failed_reason=reason))
+
+
+def _runner_event(state: ClusterState, event: NodeEvent) -> ClusterState:
+    old = state.node(event.node_id)
+    if old is None or not old.online:
+        return state
+    runner = _next_runner(old.runner, event)
+    if runner is old.runner:
+        return state
+    view = NodeView(stats=old.stats, runner=runner, online=True, last_seen=old.last_seen)
+    state = _replace_node(state, view)
+    match event:
+        case LoadFailed(reason=reason):
+            return _fail_instance(state, event.node_id, f"node {old.name}: {reason}")
+        case Unloaded():
+            return _drop_unloaded_instance(state)
+        case _:
+            return state
+
+
+def _next_runner(runner: RunnerState, event: NodeEvent) -> RunnerState:
+    """The runner after ``event``, or ``runner`` itself when the event does not apply to it."""
+    match event:
+        case LoadStarted(model=model, total=total):
+            return RunnerLoading(model=model, layers_loaded=0, layers_total=total)
+        case LoadProgressed(layers_loaded=loaded, total=total):
+            if not isinstance(runner, RunnerLoading):
+                return runner
+            return RunnerLoading(
+                model=runner.model, layers_loaded=min(loaded, total), layers_total=total
+            )
+        case LoadFinished(model=model, total=total):
+            if isinstance(runner, RunnerFailed):
+                return runner
+            return RunnerReady(model=model, layers_total=total)
+        case LoadFailed(reason=reason):
+            model = None if isinstance(runner, RunnerIdle | RunnerFailed) else runner.model
+            return RunnerFailed(reason=reason, model=model)
+        case GenerationStarted():
+            if not isinstance(runner, RunnerReady):
+                return runner
+            return RunnerGenerating(model=runner.model, layers_total=runner.layers_total)
+        case GenerationFinished():
+            if not isinstance(runner, RunnerGenerating):
+                return runner
+            return RunnerReady(model=runner.model, layers_total=runner.layers_total)
+        case Unloaded():
+            return runner if isinstance(runner, RunnerIdle) else RunnerIdle()
+
+
+def _drop_unloaded_instance(state: ClusterState) -> ClusterState:
+    instance = state.instance
+    if instance is None or instance.failed_reason is not None:
+        return state
+    for node_id in instance.placement.node_ids:
+        node = state.node(node_id)
+        if node is not None and not isinstance(node.runner, RunnerIdle):
+            return state
+    return _with(state, instance=None)
