@@ -157,30 +157,12 @@ class ToolRegistry:
 
 
 def local_cluster_status(model: str | None) -> dict[str, Any]:
-    """The status of a one-node cluster (this machine), in the shape `cluster_status` returns."""
-    import platform
-    import socket
+    """The status of a one-node cluster (this machine), as `cluster_status` returns it."""
+    from exo_tui.cluster.local import cluster_summary, local_node_stats
+    from exo_tui.cluster.state import ClusterState, NodeSeen, apply
 
-    import psutil
-
-    from engine import blas
-
-    memory = psutil.virtual_memory()
-    backend = "metal" if platform.system() == "Darwin" else "cpu"
-    return {
-        "nodes": [
-            {
-                "name": socket.gethostname(),
-                "backend": backend,
-                "blas": blas.kind(),
-                "memory_total_gb": round(memory.total / 2**30, 1),
-                "memory_available_gb": round(memory.available / 2**30, 1),
-            }
-        ],
-        "total_memory_gb": round(memory.total / 2**30, 1),
-        "available_memory_gb": round(memory.available / 2**30, 1),
-        "model": model,
-    }
+    state = apply(ClusterState(), NodeSeen(stats=local_node_stats(), at=0.0))
+    return cluster_summary(state, model)
 
 
 def builtin_registry(cluster_status: Callable[[], Mapping[str, Any]]) -> ToolRegistry:

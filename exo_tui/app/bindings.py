@@ -1,0 +1,20 @@
+"""Every app-level key binding in one list: footer, command palette, help and keymap read it."""
+
+from __future__ import annotations
+
+from textual.binding import Binding
+
+APP_BINDINGS: list[Binding] = [
+    Binding("ctrl+o", "pick_model", "Model", id="app.pick_model"),
+    Binding("ctrl+t", "toggle_strategy", "Strategy", id="app.toggle_strategy"),
+    Binding("ctrl+l", "launch", "Launch", id="app.launch"),
+    Binding("ctrl+u", "unload", "Unload", id="app.unload"),
+    Binding("escape", "stop", "Stop", id="app.stop"),
+    Binding("ctrl+n", "new_chat", "New chat", id="app.new_chat"),
+    Binding("ctrl+r", "chats", "Chats", id="app.chats"),
+    Binding("ctrl+e", "export_chat", "Export", id="app.export_chat", show=False),
+    Binding("ctrl+y", "copy_answer", "Copy answer", id="app.copy_answer", show=False),
+    Binding("f1", "help", "Help", id="app.help"),
+    Binding("question_mark", "help", "Help", id="app.help_key", show=False),
+    Binding("ctrl+q", "quit", "Quit", id="app.quit"),
+]

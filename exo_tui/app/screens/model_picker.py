@@ -1,0 +1,112 @@
+"""The model picker: every model found, with its size and whether it fits; type to filter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label, OptionList
+from textual.widgets.option_list import Option
+
+from engine.types import ModelCard
+
+
+@dataclass(frozen=True)
+class PickerEntry:
+    card: ModelCard
+    fits: bool
+    fit_note: str  # e.g. "fits (pipeline)" or "needs 3.1 GB more"
+
+
+def describe(card: ModelCard) -> str:
+    weights = f"{card.quantization.bits}-bit" if card.quantization else (card.dtype or "?")
+    size = f"{card.bytes_on_disk / 1e6:,.1f} MB"
+    return f"{card.model_type}, {card.num_layers} layers, {size}, {weights}"
+
+
+class ModelPicker(ModalScreen[ModelCard | None]):
+    """Pick a model; dismisses with the card, or None when cancelled."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", id="picker.cancel"),
+        Binding("down", "cursor_down", "Next", show=False, id="picker.down"),
+        Binding("up", "cursor_up", "Previous", show=False, id="picker.up"),
+    ]
+
+    def __init__(self, entries: Sequence[PickerEntry], selected: str | None = None) -> None:
+        super().__init__()
+        self._entries = list(entries)
+        self._selected = selected
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="picker"):
+            yield Label("Pick a model  [dim](type to filter, Enter to choose, Esc to cancel)[/]")
+            yield Input(placeholder="filter", id="picker-filter")
+            yield OptionList(id="picker-list")
+            if not self._entries:
+                yield Label(
+                    "No models found. Put an mlx-lm model folder in the models folder, pass "
+                    "--models-dir DIR, or download one from Hugging Face (mlx-community).",
+                    id="picker-empty",
+                )
+
+    def on_mount(self) -> None:
+        self._fill("")
+
+    def _fill(self, query: str) -> None:
+        options = self.query_one("#picker-list", OptionList)
+        options.clear_options()
+        words = query.lower().split()
+        highlighted: int | None = None
+        for entry in self._entries:
+            haystack = f"{entry.card.name} {entry.card.model_type} {entry.card.source}".lower()
+            if not all(word in haystack for word in words):
+                continue
+            label = Text.assemble(
+                (entry.card.name, "bold"),
+                ("  demo" if entry.card.source == "bundled" else f"  {entry.card.source}", "dim"),
+                "\n  ",
+                describe(entry.card),
+                "  ",
+                (entry.fit_note, "green" if entry.fits else "red"),
+            )
+            options.add_option(Option(label, id=entry.card.path))
+            if entry.card.name == self._selected:
+                highlighted = options.option_count - 1
+        if options.option_count:
+            options.highlighted = highlighted if highlighted is not None else 0
+
+    @on(Input.Changed, "#picker-filter")
+    def _filter(self, event: Input.Changed) -> None:
+        self._fill(event.value)
+
+    @on(Input.Submitted, "#picker-filter")
+    def _choose_highlighted(self) -> None:
+        options = self.query_one("#picker-list", OptionList)
+        if options.highlighted is not None:
+            self._choose(options.get_option_at_index(options.highlighted).id)
+
+    @on(OptionList.OptionSelected, "#picker-list")
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        self._choose(event.option.id)
+
+    def _choose(self, path: str | None) -> None:
+        for entry in self._entries:
+            if entry.card.path == path:
+                self.dismiss(entry.card)
+                return
+
+    def action_cursor_down(self) -> None:
+        self.query_one("#picker-list", OptionList).action_cursor_down()
+
+    def action_cursor_up(self) -> None:
+        self.query_one("#picker-list", OptionList).action_cursor_up()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

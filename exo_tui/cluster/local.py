@@ -1,0 +1,59 @@
+"""This machine as a node: live stats, and the cluster summary `cluster_status` returns."""
+
+from __future__ import annotations
+
+import platform
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import psutil
+
+from engine import blas
+from exo_tui.cluster.state import Backend, ClusterState, NodeStats
+
+GIB = 2**30
+
+
+def local_backend() -> Backend:
+    return "metal" if platform.system() == "Darwin" else "cpu"
+
+
+def local_node_id() -> str:
+    # Persistent, unique node ids come with the cluster (issue 6); one node needs only its name.
+    return f"local-{socket.gethostname()}"
+
+
+def local_node_stats(models: Sequence[str] = ()) -> NodeStats:
+    memory = psutil.virtual_memory()
+    return NodeStats(
+        node_id=local_node_id(),
+        name=socket.gethostname(),
+        backend=local_backend(),
+        blas=blas.describe(),
+        memory_total_bytes=int(memory.total),
+        memory_available_bytes=int(memory.available),
+        models=tuple(models),
+    )
+
+
+def cluster_summary(state: ClusterState, model: str | None) -> dict[str, Any]:
+    """Online nodes, their memory and the loaded model: what a `cluster_status` call returns."""
+    nodes = state.online_nodes
+    total = sum(n.stats.memory_total_bytes for n in nodes)
+    available = sum(n.stats.memory_available_bytes for n in nodes)
+    return {
+        "nodes": [
+            {
+                "name": n.name,
+                "backend": n.stats.backend,
+                "blas": n.stats.blas.split(" ", 1)[0],
+                "memory_total_gb": round(n.stats.memory_total_bytes / GIB, 1),
+                "memory_available_gb": round(n.stats.memory_available_bytes / GIB, 1),
+            }
+            for n in nodes
+        ],
+        "total_memory_gb": round(total / GIB, 1),
+        "available_memory_gb": round(available / GIB, 1),
+        "model": model,
+    }
