@@ -115,6 +115,20 @@ class ToolCallChunk(Frozen):
     arguments: dict[str, Any]
 
 
+class ToolResult(Frozen):
+    """A tool call was run; its result goes back to the model as a `tool` message.
+
+    Not a chunk (generation never yields it): the caller that runs the tools emits it between
+    one generation and the next.
+    """
+
+    type: Literal["tool_result"] = "tool_result"
+    id: str
+    name: str
+    content: str
+    ok: bool
+
+
 class ErrorChunk(Frozen):
     type: Literal["error"] = "error"
     message: str
