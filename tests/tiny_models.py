@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib
 import json
 import random
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -208,11 +209,19 @@ def corpus(lines: int = 600, seed: int = 0) -> list[str]:
 # --------------------------------------------------------------------------- tokenizer
 
 
-def build_tokenizer(folder: Path, vocab_size: int = 768, *, seed: int = 0) -> int:
+def build_tokenizer(
+    folder: Path,
+    vocab_size: int = 768,
+    *,
+    seed: int = 0,
+    texts: Iterable[str] | None = None,
+    split_digits: bool = False,
+) -> int:
     """Train a byte-level BPE tokenizer and write tokenizer.json + tokenizer_config.json.
 
     The special tokens take ids 0..8 (see :data:`SPECIAL_TOKEN_IDS`). Returns the size of the
-    tokenizer, which is at most ``vocab_size`` (a small corpus may not fill it).
+    tokenizer, which is at most ``vocab_size`` (a small corpus may not fill it). ``texts`` replaces
+    the generated corpus; ``split_digits`` makes every digit its own token.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -223,7 +232,12 @@ def build_tokenizer(folder: Path, vocab_size: int = 768, *, seed: int = 0) -> in
         raise ValueError(f"vocab_size must be at least {minimum}")
 
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits
+        else byte_level
+    )
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
@@ -235,7 +249,7 @@ def build_tokenizer(folder: Path, vocab_size: int = 768, *, seed: int = 0) -> in
     )
     # More merges need more text; a vocabulary of a few thousand needs a few thousand lines.
     lines = max(600, vocab_size * 3 // 2)
-    tokenizer.train_from_iterator(corpus(lines, seed), trainer=trainer)
+    tokenizer.train_from_iterator(corpus(lines, seed) if texts is None else texts, trainer=trainer)
     for tok in SPECIAL_TOKENS:
         assert tokenizer.token_to_id(tok) == SPECIAL_TOKEN_IDS[tok], tok
     tokenizer.save(str(folder / "tokenizer.json"))
