@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run large language models across the machines you own.",
     )
     parser.add_argument("--model", help="model to preselect (name or path)")
+    parser.add_argument("--load", action="store_true", help="launch the model at start")
     _add_models_dir(parser)
     commands = parser.add_subparsers(dest="command")
 
@@ -37,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--top-p", type=float, default=1.0)
     chat.add_argument("--seed", type=int, default=None)
     chat.add_argument("--json", action="store_true", help="JSON Lines on stdout, one per event")
+    chat.add_argument(
+        "--no-tools", action="store_true", help="offer no tools (default: the built-in ones)"
+    )
     _add_models_dir(chat)
 
     models = commands.add_parser("models", help="list the models found, with their cards")
@@ -60,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return list_models(args)
         from exo_tui.app.main import run_app
 
-        return run_app(model=args.model, models_dirs=args.models_dir)
+        return run_app(model=args.model, models_dirs=args.models_dir, load=args.load)
     except EngineError as error:
         print(f"exo-tui: {error}", file=sys.stderr)
         return 2

@@ -1,61 +1,508 @@
-"""The Textual app; for now one screen: this node and the models it can run."""
+"""The Textual app: nodes, model, strategy, placement preview, per-node load bars and the chat.
+
+The app renders state and turns keys into commands. Cluster state changes only through the pure
+reducer (`exo_tui.cluster.state.apply`); loading and generation run in thread workers and come
+back as messages; chats are written to the store as they happen.
+"""
 
 from __future__ import annotations
 
+import gc
+import threading
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
-import psutil
-from textual.app import App, ComposeResult
-from textual.binding import Binding
-from textual.widgets import DataTable, Footer, Header, Static
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.containers import Horizontal, Vertical
+from textual.message import Message as TextualMessage
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+from textual.worker import Worker, WorkerState, get_current_worker
 
-from engine import blas
-from engine.models import find_models
-from engine.types import ModelCard
+from engine.errors import EngineError
+from engine.loading import LoadedModel
+from engine.types import ChatRequest, Chunk, Message, ModelCard, ToolResult
+from exo_tui.app.bindings import APP_BINDINGS
+from exo_tui.app.keymap import KeymapError, load_keymap
+from exo_tui.app.screens.chats import ChatsScreen
+from exo_tui.app.screens.help import HelpScreen
+from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
+from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
+from exo_tui.app.widgets.launch import LaunchPanel
+from exo_tui.app.widgets.nodes import NodesPanel
+from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
+from exo_tui.cluster.placement import Placement, PlacementError, Strategy, place
+from exo_tui.cluster.state import (
+    ClusterEvent,
+    ClusterState,
+    GenerationFinished,
+    GenerationStarted,
+    InstanceCleared,
+    InstancePlaced,
+    LoadFailed,
+    LoadFinished,
+    LoadProgressed,
+    LoadStarted,
+    ModelSelected,
+    NodeSeen,
+    StatsUpdated,
+    StrategySelected,
+    Unloaded,
+    apply,
+)
+from exo_tui.conversation import TurnEvent, chat_turn
+from exo_tui.store.chats import ChatStore, ChatSummary, open_chat_store
+from exo_tui.store.paths import config_dir, data_dir
+from exo_tui.tools import builtin_registry
+
+CONTEXT_LENGTH = 4096
+SYSTEM_PROMPT = "You are exo-tui's assistant. Use the tools when they help; answer briefly."
+
+
+class ClusterChanged(TextualMessage):
+    """An event for the reducer, posted from a worker thread."""
+
+    def __init__(self, event: ClusterEvent) -> None:
+        super().__init__()
+        self.event = event
+
+
+class ModelLoaded(TextualMessage):
+    def __init__(self, loaded: LoadedModel) -> None:
+        super().__init__()
+        self.loaded = loaded
+
+
+class TurnEventArrived(TextualMessage):
+    def __init__(self, event: TurnEvent) -> None:
+        super().__init__()
+        self.event = event
+
+
+class TurnEnded(TextualMessage):
+    def __init__(self, added: list[Message], error: str | None = None) -> None:
+        super().__init__()
+        self.added = added
+        self.error = error
 
 
 class ExoTuiApp(App[None]):
     TITLE = "exo-tui"
-    BINDINGS = [Binding("q", "quit", "Quit", id="quit")]
+    CSS_PATH = "app.tcss"
+    BINDINGS = APP_BINDINGS
 
-    def __init__(self, model: str | None = None, models_dirs: list[Path] | None = None) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        models_dirs: list[Path] | None = None,
+        load: bool = False,
+        chat_db: Path | None = None,
+    ) -> None:
         super().__init__()
-        self._preselected = model
+        self._preselect = model
+        self._load_at_start = load
         self._models_dirs = models_dirs
+        self._chat_db = chat_db
+        self.state = ClusterState()
+        self.cards: list[ModelCard] = []
+        self.card: ModelCard | None = None
+        self.placement: Placement | PlacementError | None = None
+        self.loaded: LoadedModel | None = None
+        self.store: ChatStore | None = None
+        self.chat: ChatSummary | None = None
+        self.messages: list[Message] = []
+        self._answer: AnswerView | None = None
+        self._cancel = threading.Event()
+        self._load_started = 0.0
+        self._generating = False
+        self.tools = builtin_registry(lambda: cluster_summary(self.state, self._model_name()))
+
+    # Layout
 
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static(id="node")
-        yield DataTable(id="models", cursor_type="row")
+        with Horizontal(id="main"):
+            with Vertical(id="side"):
+                yield NodesPanel(id="nodes")
+                yield LaunchPanel(id="launch")
+            with Vertical(id="chat"):
+                yield ChatPane(id="chat-pane")
+                yield PromptInput(id="prompt")
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#models", DataTable)
-        table.add_columns("model", "source", "type", "layers", "size", "weights")
-        cards: list[ModelCard] = find_models(self._models_dirs)
-        for card in cards:
-            weights = f"{card.quantization.bits}-bit" if card.quantization else (card.dtype or "?")
-            table.add_row(
-                card.name,
-                card.source,
-                card.model_type,
-                str(card.num_layers),
-                f"{card.bytes_on_disk / 1e6:.1f} MB",
-                weights,
-                key=card.path,
+        self.query_one("#chat", Vertical).border_title = "Chat"
+        self._apply_keymap()
+        self.dispatch(NodeSeen(stats=local_node_stats(), at=time.time()))
+        self.set_interval(1.0, self._refresh_local_stats)
+        self._open_store()
+        self._find_models()
+        self.query_one(PromptInput).focus()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for binding in APP_BINDINGS:
+            if binding.description and binding.show:
+                key = self.get_key_display(binding)
+                yield SystemCommand(
+                    f"{binding.description} ({key})",
+                    f"{binding.id}",
+                    getattr(self, f"action_{binding.action}"),
+                )
+
+    # State
+
+    def dispatch(self, event: ClusterEvent) -> None:
+        """Fold one event into the state and redraw what depends on it."""
+        self.state = apply(self.state, event)
+        self._refresh_placement()
+        self.query_one(NodesPanel).show(self.state)
+        self._show_launch()
+
+    def _refresh_placement(self) -> None:
+        if self.card is None:
+            self.placement = None
+        elif self.state.instance is not None:
+            self.placement = self.state.instance.placement
+        else:
+            self.placement = place(
+                self.state.candidates, self.card, self.state.strategy, context_length=CONTEXT_LENGTH
             )
-        self._refresh_node()
-        self.set_interval(1.0, self._refresh_node)
 
-    def _refresh_node(self) -> None:
-        memory = psutil.virtual_memory()
-        used = (memory.total - memory.available) / 2**30
-        self.query_one("#node", Static).update(
-            f"[b]this node[/b]  cpu  BLAS: {blas.describe()}  "
-            f"memory {used:.1f} / {memory.total / 2**30:.1f} GiB"
+    def _show_launch(self) -> None:
+        names = {n.node_id: n.name for n in self.state.nodes}
+        panel = self.query_one(LaunchPanel)
+        panel.show(self.card, self.state.strategy, self.placement, names)
+        panel.set_status(self._status_text())
+
+    def _status_text(self) -> Text:
+        status = self.state.instance_status
+        if status is None:
+            hint = "Ctrl+L launches" if isinstance(self.placement, Placement) else ""
+            return Text(hint, style="dim")
+        if status == "loading":
+            return Text(f"loading… {time.monotonic() - self._load_started:.1f} s (Esc cancels)")
+        if status == "failed" and self.state.instance is not None:
+            reason = self.state.instance.failed_reason or "a node failed"
+            return Text(f"failed: {reason}. Ctrl+L places and launches again.", style="red")
+        if status in ("ready", "generating"):
+            return Text(f"{status} · Ctrl+U unloads", style="green")
+        return Text(status)
+
+    def _refresh_local_stats(self) -> None:
+        models = tuple(c.name for c in self.cards)
+        self.dispatch(StatsUpdated(stats=local_node_stats(models), at=time.time()))
+
+    def _model_name(self) -> str | None:
+        return self.loaded.card.name if self.loaded else None
+
+    # Models
+
+    @work(thread=True, exclusive=True, group="models")
+    def _find_models(self) -> None:
+        from engine.models import find_models
+
+        cards = find_models(self._models_dirs)
+        self.call_from_thread(self._models_found, cards)
+
+    def _models_found(self, cards: list[ModelCard]) -> None:
+        self.cards = cards
+        if not cards:
+            self.notify(
+                "No models found. Put an mlx-lm model folder in the models folder, pass "
+                "--models-dir DIR, or download one from Hugging Face (mlx-community).",
+                severity="warning",
+                timeout=10,
+            )
+        wanted = self._preselect
+        chosen = next((c for c in cards if wanted in (c.name, c.path)), None) if wanted else None
+        if chosen is None and wanted:
+            self._choose_path(wanted)
+        elif chosen is not None or cards:
+            self.choose_model(chosen or cards[0])
+        if self._load_at_start:
+            self.action_launch()
+
+    def _choose_path(self, spec: str) -> None:
+        from engine.models import resolve_model
+
+        try:
+            self.choose_model(resolve_model(spec, self._models_dirs))
+        except EngineError as error:
+            self.notify(str(error), severity="error", timeout=10)
+
+    def choose_model(self, card: ModelCard) -> None:
+        self.card = card
+        if not card.supports_tensor and self.state.strategy == "tensor":
+            self.state = apply(self.state, StrategySelected(strategy="pipeline"))
+        self.dispatch(ModelSelected(model=card.name))
+
+    def _picker_entries(self) -> list[PickerEntry]:
+        entries: list[PickerEntry] = []
+        for card in self.cards:
+            result = place(self.state.candidates, card, "pipeline", context_length=CONTEXT_LENGTH)
+            if isinstance(result, PlacementError) and card.supports_tensor:
+                tensor = place(self.state.candidates, card, "tensor", context_length=CONTEXT_LENGTH)
+                result = tensor if isinstance(tensor, Placement) else result
+            if isinstance(result, Placement):
+                entries.append(PickerEntry(card, True, f"fits ({result.strategy})"))
+            else:
+                entries.append(PickerEntry(card, False, result.message))
+        return entries
+
+    def action_pick_model(self) -> None:
+        def chosen(card: ModelCard | None) -> None:
+            if card is not None:
+                self.choose_model(card)
+
+        current = self.card.name if self.card else None
+        self.push_screen(ModelPicker(self._picker_entries(), current), chosen)
+
+    def action_toggle_strategy(self) -> None:
+        self._set_strategy("tensor" if self.state.strategy == "pipeline" else "pipeline")
+
+    @on(LaunchPanel.StrategyChosen)
+    def _strategy_chosen(self, event: LaunchPanel.StrategyChosen) -> None:
+        self._set_strategy(event.strategy)
+
+    def _set_strategy(self, strategy: Strategy) -> None:
+        if strategy == "tensor" and self.card is not None and not self.card.supports_tensor:
+            self.notify(f"Tensor sharding is unavailable: {self.card.tensor_unsupported_reason}")
+            strategy = "pipeline"
+        self.dispatch(StrategySelected(strategy=strategy))
+
+    # Launch and unload
+
+    def action_launch(self) -> None:
+        if self.card is None:
+            self.notify("Pick a model first (Ctrl+O).", severity="warning")
+            return
+        if self.state.instance_status in ("loading", "ready", "generating"):
+            self.notify("A model is loaded or loading; Ctrl+U unloads it first.")
+            return
+        if self.state.instance is not None:  # failed: place again on the nodes that are left
+            self.dispatch(InstanceCleared())
+        if not isinstance(self.placement, Placement):
+            message = self.placement.message if self.placement else "nothing to place"
+            self.notify(f"Cannot launch: {message}", severity="error", timeout=8)
+            return
+        if self.placement.world_size > 1 or self.placement.node_ids != (local_node_id(),):
+            self.notify("Running across several nodes comes with the cluster.", severity="warning")
+            return
+        self.dispatch(InstancePlaced(placement=self.placement))
+        self._load_started = time.monotonic()
+        self.set_interval(0.2, self._tick_loading, name="load-clock")
+        self._load(self.card)
+
+    def _tick_loading(self) -> None:
+        if self.state.instance_status == "loading":
+            self.query_one(LaunchPanel).set_status(self._status_text())
+
+    @work(thread=True, exclusive=True, group="load")
+    def _load(self, card: ModelCard) -> None:
+        from engine.loading import load_model
+
+        node = local_node_id()
+        worker = get_current_worker()
+        post = self.post_message
+        try:
+            loading = load_model(Path(card.path))
+            post(ClusterChanged(LoadStarted(node_id=node, model=card.name, total=card.num_layers)))
+            while True:
+                try:
+                    progress = next(loading)
+                except StopIteration as done:
+                    loaded: LoadedModel = done.value
+                    break
+                if worker.is_cancelled:
+                    post(ClusterChanged(Unloaded(node_id=node)))
+                    post(ClusterChanged(InstanceCleared()))
+                    return
+                post(
+                    ClusterChanged(
+                        LoadProgressed(
+                            node_id=node, layers_loaded=progress.layers_loaded, total=progress.total
+                        )
+                    )
+                )
+        except EngineError as error:
+            post(ClusterChanged(LoadFailed(node_id=node, reason=str(error))))
+            return
+        except Exception as error:  # a crash in MLX must not take the app down
+            post(
+                ClusterChanged(LoadFailed(node_id=node, reason=f"{type(error).__name__}: {error}"))
+            )
+            return
+        post(ModelLoaded(loaded))
+        post(ClusterChanged(LoadFinished(node_id=node, model=card.name, total=card.num_layers)))
+
+    @on(ClusterChanged)
+    def _cluster_changed(self, message: ClusterChanged) -> None:
+        self.dispatch(message.event)
+
+    @on(ModelLoaded)
+    def _model_loaded(self, message: ModelLoaded) -> None:
+        self.loaded = message.loaded
+        self.notify(f"{message.loaded.card.name} is ready. Ask away.")
+
+    def action_unload(self) -> None:
+        if self._generating:
+            self.notify("Stop the answer first (Esc).")
+            return
+        self.workers.cancel_group(self, "load")
+        if self.loaded is not None:
+            self.loaded.unload()
+            self.loaded = None
+            gc.collect()
+        self.dispatch(Unloaded(node_id=local_node_id()))
+        self.dispatch(InstanceCleared())
+
+    def action_stop(self) -> None:
+        if self._generating:
+            self._cancel.set()
+        elif self.state.instance_status == "loading":
+            self.workers.cancel_group(self, "load")
+
+    # Chat
+
+    def _open_store(self) -> None:
+        opened = open_chat_store(self._chat_db)
+        self.store = opened.store
+        if opened.notice:
+            self.notify(opened.notice, severity="warning", timeout=15)
+
+    @on(PromptInput.Submitted)
+    async def _prompt(self, event: PromptInput.Submitted) -> None:
+        if self.loaded is None:
+            self.notify("Launch a model first (Ctrl+L).", severity="warning")
+            return
+        if self._generating:
+            self.notify("Still answering; Esc stops it.")
+            return
+        user = Message(role="user", content=event.text)
+        if self.chat is None and self.store is not None:
+            self.chat = self.store.create_chat(self.loaded.card.name)
+            self.messages = [Message(role="system", content=SYSTEM_PROMPT)]
+        self._remember(user)
+        pane = self.query_one(ChatPane)
+        await pane.add_user(event.text)
+        self._answer = await pane.start_answer()
+        self._generating = True
+        self._cancel = threading.Event()
+        self.dispatch(GenerationStarted(node_id=local_node_id()))
+        request = ChatRequest(
+            messages=tuple(self.messages), tools=self.tools.specs, max_tokens=1024, temperature=0.0
         )
+        self._generate(self.loaded, request, self._cancel)
+
+    def _remember(self, message: Message) -> None:
+        self.messages.append(message)
+        if self.store is not None and self.chat is not None:
+            self.store.append(self.chat.id, message)
+
+    @work(thread=True, group="chat")
+    def _generate(self, loaded: LoadedModel, request: ChatRequest, cancel: threading.Event) -> None:
+        turn = chat_turn(loaded, request, self.tools, cancel)
+        try:
+            while True:
+                try:
+                    self.post_message(TurnEventArrived(next(turn)))
+                except StopIteration as done:
+                    self.post_message(TurnEnded(done.value))
+                    return
+        except EngineError as error:
+            self.post_message(TurnEnded([], error=str(error)))
+        except Exception as error:  # the app keeps running, the chat keeps its history
+            self.post_message(TurnEnded([], error=f"{type(error).__name__}: {error}"))
+
+    @on(TurnEventArrived)
+    async def _turn_event(self, message: TurnEventArrived) -> None:
+        if self._answer is None:
+            return
+        event: Chunk | ToolResult = message.event
+        if isinstance(event, ToolResult):
+            self._answer.tool_result(event)
+        else:
+            await self._answer.feed(event)
+
+    @on(TurnEnded)
+    def _turn_ended(self, message: TurnEnded) -> None:
+        self._generating = False
+        for added in message.added:
+            self._remember(added)
+        if message.error:
+            self.notify(message.error, severity="error", timeout=10)
+        self.dispatch(GenerationFinished(node_id=local_node_id()))
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR and event.worker.group in ("chat", "load"):
+            self._generating = False
+            self.notify(f"{event.worker.name} failed: {event.worker.error}", severity="error")
+
+    def action_new_chat(self) -> None:
+        if self._generating:
+            self.notify("Stop the answer first (Esc).")
+            return
+        self.chat = None
+        self.messages = []
+        self.query_one(ChatPane).remove_children()
+        if self.loaded is not None:
+            self.loaded.prompt_cache.clear()
+
+    def action_chats(self) -> None:
+        if self.store is None:
+            return
+        store = self.store
+
+        def reopen(chat: ChatSummary | None) -> None:
+            if chat is None:
+                return
+            self.chat = chat
+            self.messages = store.messages(chat.id)
+            self.query_one(ChatPane).show_messages(self.messages)
+
+        self.push_screen(ChatsScreen(store, export_dir=data_dir() / "exports"), reopen)
+
+    def action_export_chat(self) -> None:
+        if self.store is None or self.chat is None:
+            self.notify("Nothing to export yet.")
+            return
+        from exo_tui.app.screens.chats import export_chat
+
+        path = export_chat(self.store, self.chat, data_dir() / "exports")
+        self.notify(f"Exported to {path}")
+
+    def action_copy_answer(self) -> None:
+        answers = list(self.query(AnswerView))
+        if not answers:
+            self.notify("No answer to copy yet.")
+            return
+        self.copy_to_clipboard(answers[-1].text)
+        self.notify("Copied the last answer.")
+
+    # Help and keys
+
+    def action_help(self) -> None:
+        rows = [
+            (self.get_key_display(b), b.description, b.id or "")
+            for b in APP_BINDINGS
+            if b.description and b.id != "app.help_key"
+        ]
+        self.push_screen(HelpScreen(rows))
+
+    def _apply_keymap(self) -> None:
+        path = config_dir() / "keys.toml"
+        try:
+            self.set_keymap(load_keymap(path, APP_BINDINGS))
+        except KeymapError as error:
+            self.notify(str(error), severity="error", timeout=15)
 
 
-def run_app(model: str | None = None, models_dirs: list[Path] | None = None) -> int:
-    ExoTuiApp(model=model, models_dirs=models_dirs).run()
+def run_app(
+    model: str | None = None, models_dirs: list[Path] | None = None, load: bool = False
+) -> int:
+    ExoTuiApp(model=model, models_dirs=models_dirs, load=load).run()
     return 0

@@ -45,4 +45,3 @@ class HelpScreen(ModalScreen[None]):
         table.add_columns("key", "action", "id (for keys.toml)")
         for row in self._rows:
             table.add_row(*row)
-

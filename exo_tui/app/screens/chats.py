@@ -1,0 +1,114 @@
+"""The chats list: reopen, rename, delete and export the stored chats."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Input, Label
+
+from exo_tui.store.chats import ChatStore, ChatSummary
+
+
+def export_chat(store: ChatStore, chat: ChatSummary, folder: Path) -> Path:
+    """Write the chat as Markdown into `folder`; returns the file's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^a-zA-Z0-9]+", "-", chat.title).strip("-").lower()[:40] or "chat"
+    path = folder / f"{chat.created_at:%Y%m%d-%H%M%S}-{slug}.md"
+    path.write_text(store.export_markdown(chat.id), encoding="utf-8")
+    return path
+
+
+class ChatsScreen(ModalScreen[ChatSummary | None]):
+    """Dismisses with the chat to reopen, or None."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Close", id="chats.close"),
+        Binding("enter", "open", "Open", id="chats.open", priority=True),
+        Binding("f2", "rename", "Rename", id="chats.rename"),
+        Binding("delete", "delete", "Delete", id="chats.delete"),
+        Binding("ctrl+e", "export", "Export", id="chats.export"),
+    ]
+
+    def __init__(self, store: ChatStore, export_dir: Path) -> None:
+        super().__init__()
+        self._store = store
+        self._export_dir = export_dir
+        self._chats: list[ChatSummary] = []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="chats"):
+            yield Label("Chats  [dim]Enter opens · F2 renames · Del deletes · Ctrl+E exports[/]")
+            yield DataTable(id="chats-table", cursor_type="row")
+            yield Input(placeholder="new title, Enter to save", id="chats-rename")
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("title", "model", "messages", "updated")
+        self.query_one("#chats-rename", Input).display = False
+        self._fill()
+        table.focus()
+
+    def _fill(self) -> None:
+        table = self.query_one(DataTable)
+        table.clear()
+        self._chats = self._store.list_chats()
+        for chat in self._chats:
+            table.add_row(
+                chat.title,
+                chat.model,
+                str(chat.message_count),
+                f"{chat.updated_at.astimezone():%Y-%m-%d %H:%M}",
+                key=chat.id,
+            )
+
+    def _selected(self) -> ChatSummary | None:
+        table = self.query_one(DataTable)
+        if not self._chats or table.cursor_row >= len(self._chats):
+            return None
+        return self._chats[table.cursor_row]
+
+    def action_open(self) -> None:
+        rename = self.query_one("#chats-rename", Input)
+        if rename.display:
+            rename.action_submit()
+            return
+        self.dismiss(self._selected())
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+    def action_rename(self) -> None:
+        chat = self._selected()
+        if chat is None:
+            return
+        rename = self.query_one("#chats-rename", Input)
+        rename.value = chat.title
+        rename.display = True
+        rename.focus()
+
+    @on(Input.Submitted, "#chats-rename")
+    def _renamed(self, event: Input.Submitted) -> None:
+        chat = self._selected()
+        event.input.display = False
+        if chat is not None and event.value.strip():
+            self._store.rename(chat.id, event.value)
+            self._fill()
+        self.query_one(DataTable).focus()
+
+    def action_delete(self) -> None:
+        chat = self._selected()
+        if chat is not None:
+            self._store.delete(chat.id)
+            self._fill()
+            self.notify(f"Deleted “{chat.title}”.")
+
+    def action_export(self) -> None:
+        chat = self._selected()
+        if chat is not None:
+            self.notify(f"Exported to {export_chat(self._store, chat, self._export_dir)}")

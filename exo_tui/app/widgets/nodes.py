@@ -1,0 +1,100 @@
+"""The nodes panel: one card per node with live memory, BLAS, models on disk and runner state."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import ProgressBar, Static
+
+from exo_tui.cluster.placement import format_bytes
+from exo_tui.cluster.state import (
+    ClusterState,
+    NodeView,
+    RunnerFailed,
+    RunnerGenerating,
+    RunnerIdle,
+    RunnerLoading,
+    RunnerReady,
+)
+
+BAR_WIDTH = 20
+
+
+def memory_bar(used: int, total: int, width: int = BAR_WIDTH) -> Text:
+    share = used / total if total else 0.0
+    filled = round(share * width)
+    style = "red" if share > 0.9 else "yellow" if share > 0.75 else "green"
+    return Text.assemble(
+        ("█" * filled, style),
+        ("░" * (width - filled), "dim"),
+        f" {format_bytes(used)} / {format_bytes(total)}",
+    )
+
+
+def runner_text(node: NodeView) -> Text:
+    if not node.online:
+        return Text("offline", style="red")
+    match node.runner:
+        case RunnerIdle():
+            return Text("idle", style="dim")
+        case RunnerLoading(model=model, layers_loaded=done, layers_total=total):
+            return Text(f"loading {model} {done}/{total}", style="yellow")
+        case RunnerReady(model=model):
+            return Text(f"ready: {model}", style="green")
+        case RunnerGenerating(model=model):
+            return Text(f"generating: {model}", style="bold green")
+        case RunnerFailed(reason=reason):
+            return Text(f"failed: {reason}", style="bold red")
+
+
+class NodeCard(Vertical):
+    """One node. The load bar shows only while its layers are landing."""
+
+    def __init__(self, node: NodeView) -> None:
+        super().__init__(classes="node-card")
+        self.node = node
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="node-text")
+        yield ProgressBar(show_eta=False, id="node-load")
+
+    def on_mount(self) -> None:
+        self.show(self.node)
+
+    def show(self, node: NodeView) -> None:
+        self.node = node
+        stats = node.stats
+        text = Text.assemble(
+            (stats.name, "bold"),
+            f"  {stats.backend} · {stats.blas.split(' ', 1)[0]}\n",
+            memory_bar(stats.memory_used_bytes, stats.memory_total_bytes),
+            f"\n{len(stats.models)} model{'s' if len(stats.models) != 1 else ''} on disk · ",
+            runner_text(node),
+        )
+        self.query_one("#node-text", Static).update(text)
+        bar = self.query_one("#node-load", ProgressBar)
+        loading = node.runner if isinstance(node.runner, RunnerLoading) else None
+        bar.display = loading is not None
+        if loading is not None:
+            bar.update(total=max(loading.layers_total, 1), progress=loading.layers_loaded)
+
+
+class NodesPanel(VerticalScroll):
+    """Every node of the cluster, in the order first seen; any number of them."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.border_title = "Nodes"
+
+    def show(self, state: ClusterState) -> None:
+        cards = {card.node.node_id: card for card in self.query(NodeCard)}
+        for node in state.nodes:
+            card = cards.pop(node.node_id, None)
+            if card is None:
+                self.mount(NodeCard(node))
+            elif card.is_mounted and card.children:
+                card.show(node)
+        for gone in cards.values():
+            gone.remove()
+        self.border_subtitle = f"{len(state.online_nodes)} online"
