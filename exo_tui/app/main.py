@@ -10,7 +10,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from rich.text import Text
@@ -48,6 +48,7 @@ from exo_tui.cluster.state import (
     LoadStarted,
     ModelSelected,
     NodeSeen,
+    NodeStats,
     StatsUpdated,
     StrategySelected,
     Unloaded,
@@ -100,8 +101,12 @@ class ExoTuiApp(App[None]):
         models_dirs: list[Path] | None = None,
         load: bool = False,
         chat_db: Path | None = None,
+        node_stats: Callable[[Sequence[str]], NodeStats] = local_node_stats,
+        bundled: bool = True,
     ) -> None:
         super().__init__()
+        self._bundled = bundled
+        self._node_stats = node_stats
         self._preselect = model
         self._load_at_start = load
         self._models_dirs = models_dirs
@@ -136,7 +141,7 @@ class ExoTuiApp(App[None]):
     def on_mount(self) -> None:
         self.query_one("#chat", Vertical).border_title = "Chat"
         self._apply_keymap()
-        self.dispatch(NodeSeen(stats=local_node_stats(), at=time.time()))
+        self.dispatch(NodeSeen(stats=self._node_stats(()), at=time.time()))
         self.set_interval(1.0, self._refresh_local_stats)
         self._open_store()
         self._find_models()
@@ -194,7 +199,11 @@ class ExoTuiApp(App[None]):
 
     def _refresh_local_stats(self) -> None:
         models = tuple(c.name for c in self.cards)
-        self.dispatch(StatsUpdated(stats=local_node_stats(models), at=time.time()))
+        self.dispatch(StatsUpdated(stats=self._node_stats(models), at=time.time()))
+
+    @property
+    def local_id(self) -> str:
+        return self.state.nodes[0].node_id if self.state.nodes else local_node_id()
 
     def _model_name(self) -> str | None:
         return self.loaded.card.name if self.loaded else None
@@ -205,11 +214,12 @@ class ExoTuiApp(App[None]):
     def _find_models(self) -> None:
         from engine.models import find_models
 
-        cards = find_models(self._models_dirs)
+        cards = find_models(self._models_dirs, include_bundled=self._bundled)
         self.call_from_thread(self._models_found, cards)
 
     def _models_found(self, cards: list[ModelCard]) -> None:
         self.cards = cards
+        self._refresh_local_stats()
         if not cards:
             self.notify(
                 "No models found. Put an mlx-lm model folder in the models folder, pass "
@@ -289,7 +299,7 @@ class ExoTuiApp(App[None]):
             message = self.placement.message if self.placement else "nothing to place"
             self.notify(f"Cannot launch: {message}", severity="error", timeout=8)
             return
-        if self.placement.world_size > 1 or self.placement.node_ids != (local_node_id(),):
+        if self.placement.world_size > 1 or self.placement.node_ids != (self.local_id,):
             self.notify("Running across several nodes comes with the cluster.", severity="warning")
             return
         self.dispatch(InstancePlaced(placement=self.placement))
@@ -305,7 +315,7 @@ class ExoTuiApp(App[None]):
     def _load(self, card: ModelCard) -> None:
         from engine.loading import load_model
 
-        node = local_node_id()
+        node = self.local_id
         worker = get_current_worker()
         post = self.post_message
         try:
@@ -357,7 +367,7 @@ class ExoTuiApp(App[None]):
             self.loaded.unload()
             self.loaded = None
             gc.collect()
-        self.dispatch(Unloaded(node_id=local_node_id()))
+        self.dispatch(Unloaded(node_id=self.local_id))
         self.dispatch(InstanceCleared())
 
     def action_stop(self) -> None:
@@ -385,14 +395,15 @@ class ExoTuiApp(App[None]):
         user = Message(role="user", content=event.text)
         if self.chat is None and self.store is not None:
             self.chat = self.store.create_chat(self.loaded.card.name)
-            self.messages = [Message(role="system", content=SYSTEM_PROMPT)]
+            self.messages = []
+            self._remember(Message(role="system", content=SYSTEM_PROMPT))
         self._remember(user)
         pane = self.query_one(ChatPane)
         await pane.add_user(event.text)
         self._answer = await pane.start_answer()
         self._generating = True
         self._cancel = threading.Event()
-        self.dispatch(GenerationStarted(node_id=local_node_id()))
+        self.dispatch(GenerationStarted(node_id=self.local_id))
         request = ChatRequest(
             messages=tuple(self.messages), tools=self.tools.specs, max_tokens=1024, temperature=0.0
         )
@@ -435,7 +446,7 @@ class ExoTuiApp(App[None]):
             self._remember(added)
         if message.error:
             self.notify(message.error, severity="error", timeout=10)
-        self.dispatch(GenerationFinished(node_id=local_node_id()))
+        self.dispatch(GenerationFinished(node_id=self.local_id))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR and event.worker.group in ("chat", "load"):

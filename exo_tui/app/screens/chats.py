@@ -32,7 +32,7 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         Binding("enter", "open", "Open", id="chats.open", priority=True),
         Binding("f2", "rename", "Rename", id="chats.rename"),
         Binding("delete", "delete", "Delete", id="chats.delete"),
-        Binding("ctrl+e", "export", "Export", id="chats.export"),
+        Binding("ctrl+s", "export", "Export", id="chats.export"),
     ]
 
     def __init__(self, store: ChatStore, export_dir: Path) -> None:
@@ -43,7 +43,7 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="chats"):
-            yield Label("Chats  [dim]Enter opens · F2 renames · Del deletes · Ctrl+E exports[/]")
+            yield Label("Chats  [dim]Enter opens · F2 renames · Del deletes · Ctrl+S exports[/]")
             yield DataTable(id="chats-table", cursor_type="row")
             yield Input(placeholder="new title, Enter to save", id="chats-rename")
 
