@@ -31,5 +31,8 @@ typecheck: $(VENV)/.dev
 bench: $(VENV)/.dev
 	$(PY) bench/engine_vs_mlx_lm.py
 
+screenshots: $(VENV)/.dev
+	$(PY) scripts/screenshots.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual import on
@@ -87,21 +88,18 @@ class LaunchPanel(Vertical):
         if placement is None:
             return ""
         if isinstance(placement, Placement):
-            table = shard_table(placement.shards, names)
-            table.title = Text(
-                f"{placement.strategy} over {placement.world_size} node(s), "
-                f"context {placement.context_length:,}: fits",
+            headline = Text(
+                f"fits: {placement.strategy} over {placement.world_size} node(s), "
+                f"context {placement.context_length:,}",
                 style="green",
             )
-            return table
-        lines = Text(placement.message, style="bold red")
+            return Group(headline, shard_table(placement.shards, names))
+        headline = Text(placement.message, style="bold red")
         for shortfall in placement.shortfalls:
-            lines.append("\n• " + shortfall.describe(), style="red")
+            headline.append("\n• " + shortfall.describe(), style="red")
         if placement.shards:
-            table = shard_table(placement.shards, names)
-            table.title = lines
-            return table
-        return lines
+            return Group(headline, shard_table(placement.shards, names))
+        return headline
 
     def set_status(self, text: str | Text) -> None:
         self.query_one("#launch-status", Static).update(text)
