@@ -1,0 +1,480 @@
+"""The chat pane: the conversation, answers streamed part by part, tool calls, and the prompt."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar, Literal
+
+from textual.app import ComposeResult
+from textual.await_complete import AwaitComplete
+from textual.await_remove import AwaitRemove
+from textual.binding import Binding, BindingType
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.css.query import QueryType
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widget import AwaitMount, Widget
+from textual.widgets import Collapsible, Markdown, Static, TextArea
+
+from engine.types import (
+    Chunk,
+    DoneChunk,
+    ErrorChunk,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolResult,
+)
+from engine.types import Message as ChatMessage
+
+ToolStatus = Literal["running", "ok", "error", "done"]
+
+
+def format_stats(done: DoneChunk) -> str:
+    """The stats line under an answer: "TTFT 120 ms · 42.1 tok/s · 12+80 tokens · stop"."""
+    usage, stats = done.usage, done.stats
+    tokens = f"{usage.prompt_tokens}+{usage.completion_tokens} tokens"
+    if usage.cached_tokens:
+        tokens += f" ({usage.cached_tokens} cached)"
+    return " · ".join(
+        (
+            f"TTFT {stats.ttft_s * 1000:.0f} ms",
+            f"{stats.decode_tps:.1f} tok/s",
+            tokens,
+            done.finish_reason.replace("_", " "),
+        )
+    )
+
+
+class UserMessage(Static):
+    """What the user asked, shown as typed (no markup, no Markdown)."""
+
+    DEFAULT_CSS = """
+    UserMessage {
+        margin: 1 0 0 0;
+        padding: 0 1;
+        background: $boost;
+        border-left: thick $primary;
+    }
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Content(text))
+        self.text = text
+
+
+class ErrorLine(Static):
+    """An error the generation reported."""
+
+    DEFAULT_CSS = """
+    ErrorLine {
+        padding: 0 1;
+        color: $error;
+        text-style: bold;
+    }
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Content(f"error: {message}"))
+        self.message = message
+
+
+class StatsLine(Static):
+    """Timing and token counts of one generation round."""
+
+    DEFAULT_CSS = """
+    StatsLine {
+        padding: 0 1;
+        color: $text-muted;
+        &.-cancelled { color: $warning; }
+        &.-mid-answer { margin-bottom: 1; }
+    }
+    """
+
+    def __init__(self, done: DoneChunk) -> None:
+        super().__init__(Content(format_stats(done)))
+        self.done = done
+        self.set_class(done.finish_reason == "cancelled", "-cancelled")
+
+
+class ToolCallView(Widget):
+    """One tool call: its name, its arguments, whether it ran, and what it returned."""
+
+    DEFAULT_CSS = """
+    ToolCallView {
+        height: auto;
+        margin: 0 1 1 1;
+        padding: 0 1;
+        border: round $secondary;
+        border-title-color: $text;
+        border-title-style: bold;
+        border-subtitle-color: $warning;
+        &.-ok { border-subtitle-color: $success; }
+        &.-error { border: round $error; border-subtitle-color: $error; }
+        &.-done { border-subtitle-color: $text-muted; }
+        & > .tool-arguments { color: $text-muted; }
+    }
+    """
+
+    status: reactive[ToolStatus] = reactive[ToolStatus]("running", recompose=True)
+    result: reactive[str | None] = reactive[str | None](None, recompose=True)
+
+    def __init__(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
+        super().__init__()
+        self.call_id = call_id
+        self.tool_name = name
+        self.arguments = arguments
+        self.border_title = Content(name)
+        self._show_status("running")
+
+    def compose(self) -> ComposeResult:
+        yield Static(Content(_compact_json(self.arguments)), classes="tool-arguments")
+        if self.result is not None:
+            yield Static(Content(f"→ {self.result}"), classes="tool-result")
+
+    def set_result(self, content: str, ok: bool | None) -> None:
+        """The call ran: `ok` says how; None when a stored chat does not record it."""
+        status: ToolStatus = "done" if ok is None else "ok" if ok else "error"
+        self.result = content
+        self.status = status
+        self._show_status(status)
+
+    def _show_status(self, status: ToolStatus) -> None:
+        self.border_subtitle = "running…" if status == "running" else status
+        for name in ("running", "ok", "error", "done"):
+            self.set_class(name == status, f"-{name}")
+
+
+def _compact_json(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, ensure_ascii=False, separators=(", ", ": "))
+
+
+class _StreamedPart:
+    """One Markdown part of an answer (text or reasoning) while its deltas arrive."""
+
+    def __init__(self, kind: Literal["text", "reasoning"], markdown: Markdown) -> None:
+        self.kind = kind
+        self.markdown = markdown
+        self.pieces: list[str] = []
+        self.stream = Markdown.get_stream(markdown)
+
+    async def write(self, delta: str) -> None:
+        self.pieces.append(delta)
+        await self.stream.write(delta)
+
+    async def finish(self) -> None:
+        # Appends re-parse only the tail of the document, so the final full parse is the truth.
+        await self.stream.stop()
+        await self.markdown.update("".join(self.pieces))
+
+
+class AnswerView(Widget):
+    """One assistant answer: reasoning, text, tool calls, errors and stats, in arrival order.
+
+    Streamed with `feed`, or built finished from stored assistant and tool messages.
+    """
+
+    DEFAULT_CSS = """
+    AnswerView {
+        height: auto;
+        margin: 1 0 0 0;
+        & > Markdown { padding: 0 1; margin: 0; }
+        & > Collapsible {
+            margin: 0 1 1 1;
+            padding-bottom: 0;
+            border-top: none;
+            & Markdown { padding: 0 1; color: $text-muted; }
+        }
+    }
+    """
+
+    def __init__(self, messages: Sequence[ChatMessage] = ()) -> None:
+        super().__init__()
+        self._texts: list[list[str]] = []
+        self._part: _StreamedPart | None = None
+        self._reasoning: Collapsible | None = None
+        self._tools: dict[str, ToolCallView] = {}
+        self._stored: list[Widget] = self._stored_widgets(messages)
+
+    @property
+    def text(self) -> str:
+        """The answer's text so far, every part (for copying)."""
+        return "\n\n".join(text for part in self._texts if (text := "".join(part)))
+
+    def compose(self) -> ComposeResult:
+        yield from self._stored
+
+    async def feed(self, chunk: Chunk) -> None:
+        """Show one more chunk of the generation."""
+        match chunk:
+            case TextChunk(text=text):
+                if text:
+                    part = await self._start_part("text")
+                    await part.write(text)
+            case ReasoningChunk(text=text):
+                if text:
+                    part = await self._start_part("reasoning")
+                    await part.write(text)
+            case ToolCallChunk():
+                await self._end_part()
+                view = self._tools.get(chunk.id)
+                if view is None:
+                    view = self._tools[chunk.id] = ToolCallView(
+                        chunk.id, chunk.name, chunk.arguments
+                    )
+                    await self._add(view)
+            case ErrorChunk(message=message):
+                await self._end_part()
+                await self._add(ErrorLine(message))
+            case DoneChunk():
+                await self._end_part()
+                await self._add(StatsLine(chunk))
+
+    def tool_result(self, result: ToolResult) -> None:
+        """A tool call of this answer ran: show its result and status."""
+        view = self._tools.get(result.id)
+        if view is None:
+            view = self._tools[result.id] = ToolCallView(result.id, result.name, {})
+            self._add(view)
+        view.set_result(result.content, result.ok)
+
+    async def _start_part(self, kind: Literal["text", "reasoning"]) -> _StreamedPart:
+        if self._part is not None and self._part.kind == kind:
+            return self._part
+        await self._end_part()
+        markdown = Markdown()
+        if kind == "reasoning":
+            self._reasoning = Collapsible(markdown, title="reasoning", collapsed=False)
+            await self._add(self._reasoning)
+        else:
+            if self._reasoning is not None:
+                self._reasoning.collapsed = True
+            await self._add(markdown)
+        self._part = _StreamedPart(kind, markdown)
+        if kind == "text":
+            self._texts.append(self._part.pieces)
+        return self._part
+
+    def _add(self, widget: Widget) -> AwaitMount:
+        # A round that ended in tool calls has its stats line mid-answer: give it air below.
+        if self.children and isinstance(last := self.children[-1], StatsLine):
+            last.add_class("-mid-answer")
+        return self.mount(widget)
+
+    async def _end_part(self) -> None:
+        part, self._part = self._part, None
+        if part is not None:
+            await part.finish()
+
+    def _stored_widgets(self, messages: Sequence[ChatMessage]) -> list[Widget]:
+        widgets: list[Widget] = []
+        for message in messages:
+            if message.role == "assistant":
+                if message.reasoning:
+                    reasoning = Markdown(message.reasoning)
+                    widgets.append(Collapsible(reasoning, title="reasoning", collapsed=True))
+                if message.content:
+                    widgets.append(Markdown(message.content))
+                    self._texts.append([message.content])
+                for call in message.tool_calls:
+                    view = self._tools[call.id] = ToolCallView(call.id, call.name, call.arguments)
+                    widgets.append(view)
+            elif message.role == "tool":
+                call_id = message.tool_call_id or ""
+                view = self._tools.get(call_id)
+                if view is None:
+                    view = self._tools[call_id] = ToolCallView(call_id, message.name or "tool", {})
+                    widgets.append(view)
+                view.set_result(message.content, None)
+        return widgets
+
+
+class ChatPane(VerticalScroll):
+    """The conversation. It follows new content only while the view is at the bottom."""
+
+    DEFAULT_CSS = """
+    ChatPane {
+        height: 1fr;
+        padding: 0 1 1 1;
+        & > .chat-log { height: auto; min-height: 100%; }
+    }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        # Anchoring a scroll view shorter than its content sets a negative scroll_y (the
+        # conversation would sit at the bottom, and the first scroll jumps it to the top);
+        # a log at least as tall as the view avoids that.
+        self._log = Vertical(classes="chat-log")
+
+    def compose(self) -> ComposeResult:
+        yield self._log
+
+    def on_mount(self) -> None:
+        # Anchoring keeps the view at the bottom as content grows, at layout time, which a
+        # check before each append cannot do: streamed Markdown lands later, in a task.
+        # Scrolling away releases the anchor; scrolling back to the end restores it.
+        self.anchor()
+
+    @property
+    def following(self) -> bool:
+        """Is the view at the bottom, so that new content keeps it there?"""
+        return self.is_vertical_scroll_end or (self.is_anchored and not self._anchor_released)
+
+    def clear(self) -> AwaitRemove:
+        """Remove the whole conversation (a new chat)."""
+        return self._log.remove_children()
+
+    def remove_children(
+        self, selector: str | type[QueryType] | Iterable[Widget] = "*"
+    ) -> AwaitRemove:
+        """Remove conversation entries; the log that holds them stays."""
+        return self._log.remove_children(selector)
+
+    def show_messages(self, messages: Sequence[ChatMessage]) -> AwaitComplete:
+        """Replace the pane's content with a stored chat (system messages are not shown)."""
+        widgets: list[Widget] = []
+        answer: list[ChatMessage] = []
+        for message in messages:
+            if message.role in ("assistant", "tool"):
+                answer.append(message)
+                continue
+            if answer:
+                widgets.append(AnswerView(answer))
+                answer = []
+            if message.role == "user":
+                widgets.append(UserMessage(message.content))
+        if answer:
+            widgets.append(AnswerView(answer))
+
+        async def show() -> None:
+            await self._log.remove_children()
+            await self._log.mount_all(widgets)
+            self.scroll_end(animate=False)
+
+        return AwaitComplete(show())
+
+    def add_user(self, text: str) -> AwaitMount:
+        """Show what the user sent."""
+        return self._append(UserMessage(text))
+
+    async def start_answer(self) -> AnswerView:
+        """A new assistant answer, to be fed chunks as they are generated."""
+        answer = AnswerView()
+        await self._append(answer)
+        return answer
+
+    def _append(self, widget: Widget) -> AwaitMount:
+        follow = self.following
+        mounted = self._log.mount(widget)
+        if follow:
+            self.scroll_end(animate=False)
+        return mounted
+
+
+class PromptInput(TextArea):
+    """The prompt: several lines, Enter sends, Up and Down at the edges walk the history."""
+
+    DEFAULT_CSS = """
+    PromptInput {
+        height: auto;
+        min-height: 3;
+        max-height: 10;
+        border: tall $primary 50%;
+        &:focus { border: tall $primary; }
+    }
+    """
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        # Priority, or TextArea would take Enter as a newline before any binding sees it.
+        Binding("enter", "send", "Send", id="prompt.send", priority=True),
+        Binding("ctrl+j,shift+enter", "newline", "Newline", id="prompt.newline"),
+        Binding("up", "history_previous", "Previous prompt", id="prompt.history_previous"),
+        Binding("down", "history_next", "Next prompt", id="prompt.history_next", show=False),
+    ]
+
+    class Submitted(Message):
+        """The user sent a prompt."""
+
+        def __init__(self, prompt_input: PromptInput, text: str) -> None:
+            super().__init__()
+            self.prompt_input = prompt_input
+            self.text = text
+
+        @property
+        def control(self) -> PromptInput:
+            return self.prompt_input
+
+    def __init__(
+        self,
+        text: str = "",
+        *,
+        history: Sequence[str] = (),
+        placeholder: str = "Ask anything (Enter sends, Ctrl+J new line)",
+        id: str | None = None,
+        classes: str | None = None,
+    ) -> None:
+        super().__init__(
+            text,
+            soft_wrap=True,
+            tab_behavior="focus",
+            highlight_cursor_line=False,
+            placeholder=placeholder,
+            id=id,
+            classes=classes,
+        )
+        self._history = list(history)
+        self._history_index = len(self._history)
+        self._draft = ""
+
+    @property
+    def prompt_history(self) -> list[str]:
+        """The prompts sent so far, oldest first, after the `history` passed in.
+
+        (`TextArea.history` is the undo history.)
+        """
+        return list(self._history)
+
+    def action_send(self) -> None:
+        text = self.text.rstrip().lstrip("\n")
+        if not text.strip():
+            return
+        if not self._history or self._history[-1] != text:
+            self._history.append(text)
+        self._history_index = len(self._history)
+        self._draft = ""
+        self.clear()
+        self.post_message(self.Submitted(self, text))
+
+    def action_newline(self) -> None:
+        if not self.read_only:
+            start, end = self.selection
+            self.replace("\n", start, end, maintain_selection_offset=False)
+
+    def action_history_previous(self) -> None:
+        if self._history_index == 0 or not self.navigator.is_first_wrapped_line(
+            self.cursor_location
+        ):
+            self.action_cursor_up()
+            return
+        if self._history_index == len(self._history):
+            self._draft = self.text
+        self._history_index -= 1
+        self._load(self._history[self._history_index])
+
+    def action_history_next(self) -> None:
+        if self._history_index >= len(self._history) or not self.navigator.is_last_wrapped_line(
+            self.cursor_location
+        ):
+            self.action_cursor_down()
+            return
+        self._history_index += 1
+        at_draft = self._history_index == len(self._history)
+        self._load(self._draft if at_draft else self._history[self._history_index])
+
+    def _load(self, text: str) -> None:
+        # replace, not load_text: the walk stays undoable.
+        self.replace(text, self.document.start, self.document.end, maintain_selection_offset=False)
+        self.move_cursor(self.document.end)
