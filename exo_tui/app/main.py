@@ -24,7 +24,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from engine.errors import EngineError
 from engine.loading import LoadedModel
-from engine.types import ChatRequest, Chunk, Message, ModelCard, ToolResult
+from engine.types import ChatRequest, Message, ModelCard, ReasoningChunk, TextChunk
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.keymap import KeymapError, load_keymap
 from exo_tui.app.screens.chats import ChatsScreen
@@ -60,6 +60,7 @@ from exo_tui.store.paths import config_dir, data_dir
 from exo_tui.tools import builtin_registry
 
 CONTEXT_LENGTH = 4096
+STREAM_INTERVAL = 1 / 30
 SYSTEM_PROMPT = "You are exo-tui's assistant. Use the tools when they help; answer briefly."
 
 
@@ -77,10 +78,15 @@ class ModelLoaded(TextualMessage):
         self.loaded = loaded
 
 
-class TurnEventArrived(TextualMessage):
-    def __init__(self, event: TurnEvent) -> None:
-        super().__init__()
-        self.event = event
+def coalesce(pending: list[TurnEvent], event: TurnEvent) -> None:
+    """Append `event`, joining it to the last one when both are text (or both reasoning)."""
+    last = pending[-1] if pending else None
+    if isinstance(event, TextChunk) and isinstance(last, TextChunk):
+        pending[-1] = TextChunk(text=last.text + event.text)
+    elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
+        pending[-1] = ReasoningChunk(text=last.text + event.text)
+    else:
+        pending.append(event)
 
 
 class TurnEnded(TextualMessage):
@@ -123,6 +129,7 @@ class ExoTuiApp(App[None]):
         self._cancel = threading.Event()
         self._load_started = 0.0
         self._generating = False
+        self.max_tokens = 1024
         self.tools = builtin_registry(lambda: cluster_summary(self.state, self._model_name()))
 
     # Layout
@@ -405,9 +412,12 @@ class ExoTuiApp(App[None]):
         self._cancel = threading.Event()
         self.dispatch(GenerationStarted(node_id=self.local_id))
         request = ChatRequest(
-            messages=tuple(self.messages), tools=self.tools.specs, max_tokens=1024, temperature=0.0
+            messages=tuple(self.messages),
+            tools=self.tools.specs,
+            max_tokens=self.max_tokens,
+            temperature=0.0,
         )
-        self._generate(self.loaded, request, self._cancel)
+        self._generate(self.loaded, request, self._answer, self._cancel)
 
     def _remember(self, message: Message) -> None:
         self.messages.append(message)
@@ -415,29 +425,34 @@ class ExoTuiApp(App[None]):
             self.store.append(self.chat.id, message)
 
     @work(thread=True, group="chat")
-    def _generate(self, loaded: LoadedModel, request: ChatRequest, cancel: threading.Event) -> None:
+    def _generate(
+        self, loaded: LoadedModel, request: ChatRequest, answer: AnswerView, cancel: threading.Event
+    ) -> None:
         turn = chat_turn(loaded, request, self.tools, cancel)
+        pending: list[TurnEvent] = []
+        flushed = time.monotonic()
         try:
             while True:
                 try:
-                    self.post_message(TurnEventArrived(next(turn)))
+                    event = next(turn)
                 except StopIteration as done:
+                    answer.post_message(AnswerView.Feed(pending))
                     self.post_message(TurnEnded(done.value))
                     return
+                # Tokens arrive faster than a screen redraws: text goes in batches, at most every
+                # STREAM_INTERVAL seconds; anything else at once.
+                coalesce(pending, event)
+                now = time.monotonic()
+                if (
+                    not isinstance(event, TextChunk | ReasoningChunk)
+                    or now - flushed >= STREAM_INTERVAL
+                ):
+                    answer.post_message(AnswerView.Feed(pending))
+                    pending, flushed = [], now
         except EngineError as error:
             self.post_message(TurnEnded([], error=str(error)))
         except Exception as error:  # the app keeps running, the chat keeps its history
             self.post_message(TurnEnded([], error=f"{type(error).__name__}: {error}"))
-
-    @on(TurnEventArrived)
-    async def _turn_event(self, message: TurnEventArrived) -> None:
-        if self._answer is None:
-            return
-        event: Chunk | ToolResult = message.event
-        if isinstance(event, ToolResult):
-            self._answer.tool_result(event)
-        else:
-            await self._answer.feed(event)
 
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:

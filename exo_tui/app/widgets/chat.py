@@ -190,6 +190,17 @@ class AnswerView(Widget):
     }
     """
 
+    class Feed(Message):
+        """Chunks and tool results for this answer, handled in the answer's own queue.
+
+        Posted straight to the AnswerView (from any thread), so drawing a long answer never holds
+        up the app's queue, where key presses arrive.
+        """
+
+        def __init__(self, events: Sequence[Chunk | ToolResult]) -> None:
+            super().__init__()
+            self.events = list(events)
+
     def __init__(self, messages: Sequence[ChatMessage] = ()) -> None:
         super().__init__()
         self._texts: list[list[str]] = []
@@ -231,6 +242,13 @@ class AnswerView(Widget):
             case DoneChunk():
                 await self._end_part()
                 await self._add(StatsLine(chunk))
+
+    async def on_answer_view_feed(self, message: Feed) -> None:
+        for event in message.events:
+            if isinstance(event, ToolResult):
+                self.tool_result(event)
+            else:
+                await self.feed(event)
 
     def tool_result(self, result: ToolResult) -> None:
         """A tool call of this answer ran: show its result and status."""
