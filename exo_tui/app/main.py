@@ -127,7 +127,7 @@ class ExoTuiApp(App[None]):
         self.messages: list[Message] = []
         self._answer: AnswerView | None = None
         self._cancel = threading.Event()
-        self._load_started = 0.0
+        self._load_started: float | None = None
         self._generating = False
         self.max_tokens = 1024
         self.tools = builtin_registry(lambda: cluster_summary(self.state, self._model_name()))
@@ -196,7 +196,9 @@ class ExoTuiApp(App[None]):
             hint = "Ctrl+L launches" if isinstance(self.placement, Placement) else ""
             return Text(hint, style="dim")
         if status == "loading":
-            return Text(f"loading… {time.monotonic() - self._load_started:.1f} s (Esc cancels)")
+            started = self._load_started
+            elapsed = "" if started is None else f" {time.monotonic() - started:.1f} s"
+            return Text(f"loading…{elapsed} (Esc cancels)")
         if status == "failed" and self.state.instance is not None:
             reason = self.state.instance.failed_reason or "a node failed"
             return Text(f"failed: {reason}. Ctrl+L places and launches again.", style="red")
