@@ -17,8 +17,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -33,6 +34,8 @@ BENCH_MODEL = dict(
     max_position_embeddings=8192,
 )
 MAX_TOKENS = 128
+LOADS = 3
+T = TypeVar("T")
 SEED = 0
 
 
@@ -56,13 +59,22 @@ def long_prompt() -> str:
     return " ".join(words[i % len(words)] for i in range(420)) + ". Summarise that."
 
 
+def timed_load(load: Callable[[], T], times: int = LOADS) -> tuple[float, T]:
+    """The fastest of a few loads in this process (the first one pays for imports)."""
+    best, result = float("inf"), None
+    for _ in range(times):
+        started = time.perf_counter()
+        result = load()
+        best = min(best, time.perf_counter() - started)
+    assert result is not None
+    return best, result
+
+
 def worker_mlx_lm(model: str) -> dict[str, Any]:
     import mlx.core as mx
     from mlx_lm import load, stream_generate
 
-    started = time.perf_counter()
-    llm, tokenizer = load(model)
-    load_s = time.perf_counter() - started
+    load_s, (llm, tokenizer) = timed_load(lambda: load(model))
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": long_prompt()}], add_generation_prompt=True
     )
@@ -83,9 +95,7 @@ def worker_engine(model: str) -> dict[str, Any]:
     from engine.loading import load_model_sync
     from engine.types import ChatRequest, DoneChunk, Message
 
-    started = time.perf_counter()
-    loaded = load_model_sync(model)
-    load_s = time.perf_counter() - started
+    load_s, loaded = timed_load(lambda: load_model_sync(model))
     request = ChatRequest(
         messages=(Message(role="user", content=long_prompt()),),
         max_tokens=MAX_TOKENS,
