@@ -73,7 +73,11 @@ async def through_app(model: Path, loaded: LoadedModel, tokens: int) -> tuple[fl
             await asyncio.sleep(0.05)
         elapsed = time.perf_counter() - started
         done = app.query_one(StatsLine).done
-        print(f"  {len(gaps)} key presses while streaming", flush=True)
+        print(
+            f"  {len(gaps)} key presses while streaming; engine-side decode "
+            f"{done.stats.decode_tps:.0f} tok/s, TTFT {done.stats.ttft_s * 1000:.0f} ms",
+            flush=True,
+        )
         return done.usage.completion_tokens / elapsed, max(gaps, default=0.0)
 
 

@@ -511,6 +511,11 @@ class ExoTuiApp(App[None]):
         self.copy_to_clipboard(answers[-1].text)
         self.notify("Copied the last answer.")
 
+    def on_unmount(self) -> None:
+        # Quitting mid-answer: let the generation thread stop at its next token.
+        self._cancel.set()
+        self.workers.cancel_group(self, "load")
+
     # Help and keys
 
     def action_help(self) -> None:
