@@ -22,6 +22,7 @@ from engine.types import (
     ReasoningChunk,
     TextChunk,
     ToolCallChunk,
+    ToolResult,
 )
 
 
@@ -64,14 +65,19 @@ def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from engine.generate import generate, validate
+    from engine.generate import validate
     from engine.loading import load_model
     from engine.models import resolve_model
+    from exo_tui.conversation import chat_turn
+    from exo_tui.tools import builtin_registry, local_cluster_status
 
     prompt = read_prompt(args)
     request = build_request(args, prompt)
     validate(request)  # a bad request fails before minutes of loading
     card = resolve_model(args.model or default_model_spec(args.models_dir), args.models_dir)
+    registry = builtin_registry(lambda: local_cluster_status(card.name))
+    if not args.no_tools:
+        request = request.model_copy(update={"tools": registry.specs})
     out = JsonLines() if args.json else TextOutput(card)
     started = time.perf_counter()
     loading = load_model(Path(card.path))
@@ -83,8 +89,12 @@ def run_chat(args: argparse.Namespace) -> int:
     out.loaded(
         ModelReady(model=card.name, load_seconds=time.perf_counter() - started, blas=loaded.blas)
     )
-    for chunk in generate(loaded, request):
-        out.chunk(chunk)
+    turn = chat_turn(loaded, request, registry)
+    for event in turn:
+        if isinstance(event, ToolResult):
+            out.tool_result(event)
+        else:
+            out.chunk(event)
     return out.exit_code
 
 
@@ -103,6 +113,9 @@ class JsonLines:
         if isinstance(chunk, ErrorChunk):
             self.exit_code = 1
         self._write(chunk.model_dump_json())
+
+    def tool_result(self, result: ToolResult) -> None:
+        self._write(result.model_dump_json())
 
     @staticmethod
     def _write(line: str) -> None:
@@ -166,6 +179,10 @@ class TextOutput:
                     f"prefill {stats.prefill_tps:.1f} tok/s, decode {stats.decode_tps:.1f} tok/s, "
                     f"{reason}[/dim]"
                 )
+
+    def tool_result(self, result: ToolResult) -> None:
+        style = "green" if result.ok else "red"
+        self._console.print(f"[{style}]→[/{style}] {result.content}", highlight=False)
 
     def _end_reasoning(self) -> None:
         if self._in_reasoning:

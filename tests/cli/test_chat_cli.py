@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from engine.blas import find_openblas
+from engine.parsers import tool_schema
+from exo_tui.tools import BUILTIN_TOOLS
 
 EXO_TUI = [sys.executable, "-m", "exo_tui.cli"]
 
@@ -59,9 +61,12 @@ def test_json_lines_match_mlx_lm_greedy(tiny_llama: Path) -> None:
     done = out[-1]
     assert set(done) >= {"usage", "stats", "token_ids", "finish_reason"}
 
+    # The same prompt by hand: the chat template with the built-in tools `chat` offers.
     model, tokenizer = load(str(tiny_llama))
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True
+        [{"role": "user", "content": prompt}],
+        tools=[tool_schema(tool) for tool in BUILTIN_TOOLS],
+        add_generation_prompt=True,
     )
     reference = [r.token for r in stream_generate(model, tokenizer, ids, max_tokens=60)]
     assert done["token_ids"] == reference
