@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -25,6 +25,8 @@ from engine.prompt_cache import ConversationCache
 from engine.types import LoadProgress, ModelCard
 
 Loading = Generator[LoadProgress, None, "LoadedModel"]
+# The lazily built model and its config in, the layers this process must materialise out.
+PrepareLayers = Callable[[nn.Module, dict[str, Any]], Sequence[nn.Module]]
 
 
 @dataclass
@@ -96,17 +98,21 @@ def open_lazy(path: Path) -> tuple[nn.Module, dict[str, Any], TokenizerWrapper, 
     return model, config, tokenizer, card
 
 
-def load_model(path: Path | str) -> Loading:
-    """Load a model whole: `loaded = yield from load_model(path)`, one LoadProgress per layer."""
+def load_model(path: Path | str, *, prepare: PrepareLayers | None = None, rank: int = 0) -> Loading:
+    """Load a model: `loaded = yield from load_model(path)`, one LoadProgress per layer.
+
+    `prepare` turns the lazily built model into this process's part (engine.parallel cuts or
+    shards it) and returns the layers to materialise; by default the whole model is loaded.
+    """
     path = Path(path)
     blas_in_use = blas.describe()
     model, config, tokenizer, card = open_lazy(path)
-    layers = transformer_layers(model)
+    layers = prepare(model, config) if prepare is not None else transformer_layers(model)
     # Embeddings, final norm and head first, so the last report (n/n) means ready.
     layer_ids = {id(array) for layer in layers for _, array in _leaves(layer)}
     rest = [array for _, array in _leaves(model) if id(array) not in layer_ids]
     mx.eval(rest)
-    yield from materialise_layers(layers)
+    yield from materialise_layers(layers, rank)
     return LoadedModel(model=model, tokenizer=tokenizer, card=card, config=config, blas=blas_in_use)
 
 
