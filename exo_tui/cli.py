@@ -41,6 +41,19 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument(
         "--no-tools", action="store_true", help="offer no tools (default: the built-in ones)"
     )
+    chat.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the model on N local processes joined in an MLX ring (default 1: in-process)",
+    )
+    chat.add_argument(
+        "--strategy",
+        choices=["pipeline", "tensor"],
+        default="pipeline",
+        help="with --ranks: split the layers (pipeline) or every layer (tensor)",
+    )
     _add_models_dir(chat)
 
     models = commands.add_parser("models", help="list the models found, with their cards")

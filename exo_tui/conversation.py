@@ -7,7 +7,8 @@ the CLI prints them, the TUI draws them and the chat store keeps them, each in i
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Iterator
+from functools import partial
 
 from engine.generate import CancelToken, generate
 from engine.loading import LoadedModel
@@ -27,16 +28,19 @@ from exo_tui.tools import ToolRegistry
 MAX_TOOL_ROUNDS = 5
 
 TurnEvent = Chunk | ToolResult
+# What answers one request: engine.generate over a loaded model, or a ring's chat.
+GenerateFn = Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]
 
 
 def chat_turn(
-    loaded: LoadedModel,
+    model: LoadedModel | GenerateFn,
     request: ChatRequest,
     tools: ToolRegistry,
     cancel: CancelToken | None = None,
     max_tool_rounds: int = MAX_TOOL_ROUNDS,
 ) -> Generator[TurnEvent, None, list[Message]]:
     """Answer the last message of `request`, running tool calls; returns the new messages."""
+    answer_with: GenerateFn = partial(generate, model) if isinstance(model, LoadedModel) else model
     messages = list(request.messages)
     added: list[Message] = []
     for round_ in range(max_tool_rounds + 1):
@@ -44,9 +48,7 @@ def chat_turn(
         reasoning: list[str] = []
         calls: list[ToolCallChunk] = []
         finish = "stop"
-        for chunk in generate(
-            loaded, request.model_copy(update={"messages": tuple(messages)}), cancel
-        ):
+        for chunk in answer_with(request.model_copy(update={"messages": tuple(messages)}), cancel):
             yield chunk
             match chunk:
                 case TextChunk():

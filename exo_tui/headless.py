@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import EngineError, ModelNotFoundError
 from engine.types import (
@@ -24,6 +25,11 @@ from engine.types import (
     ToolCallChunk,
     ToolResult,
 )
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
+
+    from exo_tui.tools import ToolRegistry
 
 
 def default_model_spec(models_dirs: list[Path] | None) -> str:
@@ -79,6 +85,8 @@ def run_chat(args: argparse.Namespace) -> int:
     if not args.no_tools:
         request = request.model_copy(update={"tools": registry.specs})
     out = JsonLines() if args.json else TextOutput(card)
+    if args.ranks > 1:
+        return run_chat_on_ranks(args, card, request, registry, out)
     started = time.perf_counter()
     loading = load_model(Path(card.path))
     try:
@@ -89,7 +97,39 @@ def run_chat(args: argparse.Namespace) -> int:
     out.loaded(
         ModelReady(model=card.name, load_seconds=time.perf_counter() - started, blas=loaded.blas)
     )
-    turn = chat_turn(loaded, request, registry)
+    return print_turn(chat_turn(loaded, request, registry), out)
+
+
+def run_chat_on_ranks(
+    args: argparse.Namespace,
+    card: ModelCard,
+    request: ChatRequest,
+    registry: ToolRegistry,
+    out: JsonLines | TextOutput,
+) -> int:
+    """The same turn on `--ranks` local runner processes (an MLX ring on 127.0.0.1)."""
+    from exo_tui.cluster.ranks import start_local_ranks
+    from exo_tui.conversation import chat_turn
+
+    started = time.perf_counter()
+    loading = start_local_ranks(card, args.strategy, args.ranks)
+    try:
+        while True:
+            out.progress(next(loading))
+    except StopIteration as done:
+        ring = done.value
+    with ring:
+        out.loaded(
+            ModelReady(
+                model=card.name,
+                load_seconds=time.perf_counter() - started,
+                blas=ring.ready[0].blas,
+            )
+        )
+        return print_turn(chat_turn(ring.chat, request, registry), out)
+
+
+def print_turn(turn: Iterator[Chunk | ToolResult], out: JsonLines | TextOutput) -> int:
     for event in turn:
         if isinstance(event, ToolResult):
             out.tool_result(event)
@@ -141,12 +181,16 @@ class TextOutput:
             console=self._console,
             transient=True,
         )
-        self._task = self._bar.add_task(f"loading {card.name}", total=card.num_layers)
+        self._name = card.name
+        self._tasks: dict[int, TaskID] = {}
         self._bar.start()
         self._in_reasoning = False
 
     def progress(self, event: LoadProgress) -> None:
-        self._bar.update(self._task, completed=event.layers_loaded, total=event.total)
+        if event.rank not in self._tasks:
+            label = f"loading {self._name}" + (f" (rank {event.rank})" if event.rank else "")
+            self._tasks[event.rank] = self._bar.add_task(label, total=event.total)
+        self._bar.update(self._tasks[event.rank], completed=event.layers_loaded, total=event.total)
 
     def loaded(self, ready: ModelReady) -> None:
         self._bar.stop()
