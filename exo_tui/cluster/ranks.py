@@ -144,7 +144,12 @@ def _close_live_rings() -> None:
 
 
 class LocalRing:
-    """N runners on this machine, one per spec. Nothing starts until load()."""
+    """N runners on this machine, one per spec. Nothing starts until load().
+
+    start_timeout: a runner's first message (Python and MLX imports); silence_timeout: then
+    the longest a rank may say nothing (it heartbeats every 0.5 s); join_timeout: the ring's
+    start-up, after which a runner still waiting for a peer exits.
+    """
 
     def __init__(
         self,
@@ -502,13 +507,22 @@ def start_local_ranks(
     strategy: Strategy,
     world_size: int,
     layer_counts: Sequence[int] | None = None,
-    **timeouts: float,
+    *,
+    start_timeout: float = 60.0,
+    silence_timeout: float = 10.0,
+    join_timeout: float = 60.0,
 ) -> Generator[LoadProgress, None, LocalRing]:
     """`ring = yield from start_local_ranks(card, "pipeline", 2)`: a loaded local ring.
 
     Bad specs raise ShardError before any process starts; the caller closes the ring (it is a
-    context manager). `timeouts`: start_timeout, silence_timeout, join_timeout (seconds).
+    context manager). Timeouts in seconds, see LocalRing.
     """
-    ring = LocalRing(card, ring_specs(card, strategy, world_size, layer_counts), **timeouts)
+    ring = LocalRing(
+        card,
+        ring_specs(card, strategy, world_size, layer_counts),
+        start_timeout=start_timeout,
+        silence_timeout=silence_timeout,
+        join_timeout=join_timeout,
+    )
     yield from ring.load()
     return ring
