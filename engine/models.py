@@ -124,9 +124,12 @@ def hf_cache_dir() -> Path:
 def read_card(path: Path, source: ModelSource = "path", *, name: str | None = None) -> ModelCard:
     """Read a model folder's card from config.json and its safetensors headers.
 
-    `name` defaults to the folder name. Raises ModelNotFoundError or ModelFormatError.
+    `name` defaults to the folder name ("demo" for the bundled model, whatever the caller
+    passed as `source`). Raises ModelNotFoundError or ModelFormatError.
     """
     path = Path(path).expanduser()
+    if name is None and path.resolve() == bundled_demo_dir().resolve():
+        name, source = DEMO_SPEC, "bundled"
     if not path.exists():
         raise ModelNotFoundError(
             f"No model at {path}",
