@@ -190,7 +190,10 @@ def test_a_cancel_stops_every_rank_on_the_same_token_and_the_ring_goes_on(
         assert done.finish_reason == "cancelled"
         assert 5 <= done.usage.completion_tokens < 1500
         # Every rank is idle and still in the ring: the next request runs to the end.
-        ring.chat(request()).close()  # a caller that stops listening cancels too
+        # A caller that stops listening cancels too, and waits for every rank to stop.
+        answer = ring.chat(request(max_tokens=1500))
+        next(answer)
+        answer.close()
         again = list(ring.chat(request(max_tokens=20)))[-1]
         assert isinstance(again, DoneChunk)
         assert again.finish_reason == "length"
