@@ -60,16 +60,16 @@ from exo_tui.cluster.runner_messages import (
     CancelCommand,
     ChatCommand,
     LoadCommand,
-    RunnerChunk,
+    RankChunk,
+    RankFailed,
+    RankHeartbeat,
+    RankIdle,
+    RankJoined,
+    RankJoining,
+    RankLoadProgress,
+    RankReady,
+    RankRequestError,
     RunnerEvent,
-    RunnerFailed,
-    RunnerHeartbeat,
-    RunnerIdle,
-    RunnerJoined,
-    RunnerJoining,
-    RunnerLoadProgress,
-    RunnerReady,
-    RunnerRequestError,
     ShutdownCommand,
     decode_event,
     encode,
@@ -111,7 +111,7 @@ class _Rank:
     last_heard: float | None = None
     joining_until: float | None = None  # set while MLX's ring start-up blocks the runner
     exit_code: int | None = None
-    reported: bool = False  # said RunnerFailed: its exit adds nothing
+    reported: bool = False  # said RankFailed: its exit adds nothing
 
 
 def free_ports(count: int) -> list[int]:
@@ -166,7 +166,7 @@ class LocalRing:
         self.start_timeout = start_timeout
         self.silence_timeout = silence_timeout
         self.join_timeout = join_timeout
-        self.ready: list[RunnerReady] = []
+        self.ready: list[RankReady] = []
         self._ranks: list[_Rank] = []
         self._events: queue.Queue[_Item] = queue.Queue()
         self._folder: Path | None = None
@@ -189,7 +189,7 @@ class LocalRing:
 
     # ------------------------------------------------------------------------------ public
 
-    def load(self) -> Generator[LoadProgress, None, list[RunnerReady]]:
+    def load(self) -> Generator[LoadProgress, None, list[RankReady]]:
         """Start every runner, join the ring and load; yields each rank's LoadProgress.
         Raises RingError (after stopping every rank) when a rank fails."""
         if self._ranks:
@@ -207,13 +207,13 @@ class LocalRing:
                     model_path=self.card.path, spec=spec, join_timeout_s=self.join_timeout
                 )
                 self._send(rank, command)
-            ready: dict[int, RunnerReady] = {}
+            ready: dict[int, RankReady] = {}
             while len(ready) < self.world_size:
                 for rank, event in self._pump():
                     match event:
-                        case RunnerLoadProgress(progress=progress):
+                        case RankLoadProgress(progress=progress):
                             yield progress
-                        case RunnerReady():
+                        case RankReady():
                             ready[rank] = event
                         case _:
                             pass
@@ -237,7 +237,7 @@ class LocalRing:
         self._next_request += 1
         request_id = self._next_request
         idle: set[int] = set()
-        request_error: RunnerRequestError | None = None
+        request_error: RankRequestError | None = None
         cancelled = False
         try:
             for rank in self._ranks:
@@ -248,11 +248,11 @@ class LocalRing:
                     self._cancel(request_id)
                 for rank, event in self._pump():
                     match event:
-                        case RunnerChunk(request_id=rid, chunk=chunk) if rid == request_id:
+                        case RankChunk(request_id=rid, chunk=chunk) if rid == request_id:
                             yield chunk
-                        case RunnerIdle(request_id=rid) if rid == request_id:
+                        case RankIdle(request_id=rid) if rid == request_id:
                             idle.add(rank)
-                        case RunnerRequestError(request_id=rid) if rid == request_id:
+                        case RankRequestError(request_id=rid) if rid == request_id:
                             request_error = event
                         case _:
                             pass
@@ -376,7 +376,7 @@ class LocalRing:
         try:
             while len(idle) < self.world_size:
                 for rank, event in self._pump():
-                    if isinstance(event, RunnerIdle) and event.request_id == request_id:
+                    if isinstance(event, RankIdle) and event.request_id == request_id:
                         idle.add(rank)
         except _Ring:
             pass
@@ -411,11 +411,11 @@ class LocalRing:
         now = time.monotonic()
         rank.last_heard = now
         match event:
-            case RunnerJoining(timeout_s=timeout):
+            case RankJoining(timeout_s=timeout):
                 rank.joining_until = now + timeout + 5.0
-            case RunnerJoined():
+            case RankJoined():
                 rank.joining_until = None
-            case RunnerFailed(reason=reason):
+            case RankFailed(reason=reason):
                 rank.reported = True
                 return f"rank {index} failed: {reason}"
             case _Garbled(line=line):
@@ -430,7 +430,7 @@ class LocalRing:
                         "(a peer never connected)"
                     )
                 return f"rank {index} {_describe_exit(code)}{_log_tail(rank.log)}"
-            case RunnerHeartbeat():
+            case RankHeartbeat():
                 pass
             case _:
                 pass

@@ -8,7 +8,7 @@ MLX_HOSTFILE it runs alone, as a ring of one.
 
 Every rank runs every request with the same seed, in lockstep; only rank 0 sends chunks. A cancel
 is agreed with a collective on every token, so all ranks stop on the same one. When a peer dies,
-MLX raises ("connection to a peer was lost"): the runner says RunnerFailed and exits non-zero.
+MLX raises ("connection to a peer was lost"): the runner says RankFailed and exits non-zero.
 """
 # pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false
 
@@ -34,16 +34,16 @@ from exo_tui.cluster.runner_messages import (
     CancelCommand,
     ChatCommand,
     LoadCommand,
-    RunnerChunk,
+    RankChunk,
+    RankFailed,
+    RankHeartbeat,
+    RankIdle,
+    RankJoined,
+    RankJoining,
+    RankLoadProgress,
+    RankReady,
+    RankRequestError,
     RunnerCommand,
-    RunnerFailed,
-    RunnerHeartbeat,
-    RunnerIdle,
-    RunnerJoined,
-    RunnerJoining,
-    RunnerLoadProgress,
-    RunnerReady,
-    RunnerRequestError,
     ShutdownCommand,
     decode_command,
     encode,
@@ -106,7 +106,7 @@ class Inbox:
                 command = decode_command(line)
             except ValidationError as error:
                 reason = f"a bad command from the parent: {error.errors()[0]['msg']}"
-                self._outbox.send(RunnerFailed(rank=self._rank, reason=reason))
+                self._outbox.send(RankFailed(rank=self._rank, reason=reason))
                 os._exit(2)
             if isinstance(command, CancelCommand):
                 self._cancelled.add(command.request_id)
@@ -165,7 +165,7 @@ def join_ring(outbox: Outbox, timeout_s: float) -> mx.distributed.Group:
 
     if not os.environ.get("MLX_HOSTFILE"):
         return mx.distributed.init()
-    outbox.send(RunnerJoining(timeout_s=timeout_s))
+    outbox.send(RankJoining(timeout_s=timeout_s))
     faulthandler.dump_traceback_later(timeout_s, exit=True)
     try:
         return mx.distributed.init(backend="ring", strict=True)
@@ -184,14 +184,14 @@ def load(outbox: Outbox, command: LoadCommand, group: mx.distributed.Group) -> L
     loading = load_shard(command.model_path, command.spec, group)
     while True:
         try:
-            outbox.send(RunnerLoadProgress(progress=next(loading)))
+            outbox.send(RankLoadProgress(progress=next(loading)))
         except StopIteration as done:
             loaded: LoadedModel = done.value
             break
     gc.collect()
     mx.clear_cache()
     outbox.send(
-        RunnerReady(
+        RankReady(
             rank=group.rank(),
             model=loaded.card.name,
             load_seconds=time.perf_counter() - started,
@@ -220,12 +220,12 @@ def chat(
     try:
         for chunk in generate(loaded, request, cancel):
             if leader:
-                outbox.send(RunnerChunk(request_id=request_id, chunk=chunk))
+                outbox.send(RankChunk(request_id=request_id, chunk=chunk))
     except RequestError as error:
         # Every rank refuses the same request the same way, before any collective.
         if leader:
-            outbox.send(RunnerRequestError(request_id=request_id, cause=error.cause, fix=error.fix))
-    outbox.send(RunnerIdle(request_id=request_id))
+            outbox.send(RankRequestError(request_id=request_id, cause=error.cause, fix=error.fix))
+    outbox.send(RankIdle(request_id=request_id))
 
 
 def serve(outbox: Outbox, inbox: Inbox, rank: int) -> int:
@@ -233,11 +233,11 @@ def serve(outbox: Outbox, inbox: Inbox, rank: int) -> int:
     if first is None or isinstance(first, ShutdownCommand):
         return 0
     if not isinstance(first, LoadCommand):
-        outbox.send(RunnerFailed(rank=rank, reason=f"expected a load command, got {first.type}"))
+        outbox.send(RankFailed(rank=rank, reason=f"expected a load command, got {first.type}"))
         return 2
     group = join_ring(outbox, first.join_timeout_s)
     rank = group.rank()
-    outbox.send(RunnerJoined(rank=rank, world_size=group.size()))
+    outbox.send(RankJoined(rank=rank, world_size=group.size()))
     loaded = load(outbox, first, group)
     while True:
         command = inbox.next()
@@ -248,7 +248,7 @@ def serve(outbox: Outbox, inbox: Inbox, rank: int) -> int:
                 chat(outbox, inbox, loaded, group, command)
             case LoadCommand() | CancelCommand():
                 reason = f"unexpected {command.type} command: this runner has loaded its shard"
-                outbox.send(RunnerFailed(rank=rank, reason=reason))
+                outbox.send(RankFailed(rank=rank, reason=reason))
                 return 2
 
 
@@ -263,7 +263,7 @@ def _claim_stdout() -> TextIO:
 
 def _heartbeat(outbox: Outbox) -> None:
     while True:
-        outbox.send(RunnerHeartbeat())
+        outbox.send(RankHeartbeat())
         time.sleep(HEARTBEAT_S)
 
 
@@ -276,10 +276,10 @@ def main() -> int:
     try:
         return serve(outbox, inbox, rank)
     except EngineError as error:
-        outbox.send(RunnerFailed(rank=rank, reason=str(error)))
+        outbox.send(RankFailed(rank=rank, reason=str(error)))
     except Exception as error:
         traceback.print_exc()
-        outbox.send(RunnerFailed(rank=rank, reason=f"{type(error).__name__}: {error}"))
+        outbox.send(RankFailed(rank=rank, reason=f"{type(error).__name__}: {error}"))
     return 1
 
 

@@ -3,7 +3,8 @@
 Parent -> runner (stdin): a LoadCommand first, then chats, cancels and a shutdown.
 Runner -> parent (stdout): heartbeats all along, joining / joined around the ring's start-up,
 per-layer progress, ready, then chunks (rank 0 only), request errors and idle (every rank, after
-each request). A runner that fails says RunnerFailed and exits non-zero.
+each request). A runner that fails says RankFailed and exits non-zero.
+Events are named Rank* (what one rank says), apart from the runner states of state.py.
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ RunnerCommand = Annotated[
 # ---------------------------------------------------------------------- runner -> parent
 
 
-class RunnerHeartbeat(Frozen):
+class RankHeartbeat(Frozen):
     """Sent every HEARTBEAT_S from a thread of its own: the process is alive and not stopped."""
 
     type: Literal["heartbeat"] = "heartbeat"
 
 
-class RunnerJoining(Frozen):
+class RankJoining(Frozen):
     """About to join the ring: MLX's start-up holds the GIL, so no heartbeats until joined.
     The runner exits after `timeout_s` if the ring has not formed."""
 
@@ -66,18 +67,18 @@ class RunnerJoining(Frozen):
     timeout_s: float
 
 
-class RunnerJoined(Frozen):
+class RankJoined(Frozen):
     type: Literal["joined"] = "joined"
     rank: int
     world_size: int
 
 
-class RunnerLoadProgress(Frozen):
+class RankLoadProgress(Frozen):
     type: Literal["load_progress"] = "load_progress"
     progress: LoadProgress
 
 
-class RunnerReady(Frozen):
+class RankReady(Frozen):
     """This rank's shard is in memory."""
 
     type: Literal["ready"] = "ready"
@@ -89,7 +90,7 @@ class RunnerReady(Frozen):
     peak_memory_bytes: int  # MLX peak memory while loading
 
 
-class RunnerChunk(Frozen):
+class RankChunk(Frozen):
     """A chunk of request `request_id` (rank 0 only)."""
 
     type: Literal["chunk"] = "chunk"
@@ -97,7 +98,7 @@ class RunnerChunk(Frozen):
     chunk: Chunk
 
 
-class RunnerRequestError(Frozen):
+class RankRequestError(Frozen):
     """The request cannot be served (the same on every rank); the runner keeps serving."""
 
     type: Literal["request_error"] = "request_error"
@@ -106,14 +107,14 @@ class RunnerRequestError(Frozen):
     fix: str
 
 
-class RunnerIdle(Frozen):
+class RankIdle(Frozen):
     """This rank has finished request `request_id` and waits for the next command."""
 
     type: Literal["idle"] = "idle"
     request_id: int
 
 
-class RunnerFailed(Frozen):
+class RankFailed(Frozen):
     """The runner cannot go on (a peer was lost, a bad shard, a bug); it exits next."""
 
     type: Literal["failed"] = "failed"
@@ -122,15 +123,15 @@ class RunnerFailed(Frozen):
 
 
 RunnerEvent = Annotated[
-    RunnerHeartbeat
-    | RunnerJoining
-    | RunnerJoined
-    | RunnerLoadProgress
-    | RunnerReady
-    | RunnerChunk
-    | RunnerRequestError
-    | RunnerIdle
-    | RunnerFailed,
+    RankHeartbeat
+    | RankJoining
+    | RankJoined
+    | RankLoadProgress
+    | RankReady
+    | RankChunk
+    | RankRequestError
+    | RankIdle
+    | RankFailed,
     Field(discriminator="type"),
 ]
 

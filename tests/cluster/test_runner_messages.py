@@ -15,15 +15,15 @@ from exo_tui.cluster.runner_messages import (
     CancelCommand,
     ChatCommand,
     LoadCommand,
-    RunnerChunk,
-    RunnerFailed,
-    RunnerHeartbeat,
-    RunnerIdle,
-    RunnerJoined,
-    RunnerJoining,
-    RunnerLoadProgress,
-    RunnerReady,
-    RunnerRequestError,
+    RankChunk,
+    RankFailed,
+    RankHeartbeat,
+    RankIdle,
+    RankJoined,
+    RankJoining,
+    RankLoadProgress,
+    RankReady,
+    RankRequestError,
     ShutdownCommand,
     decode_command,
     decode_event,
@@ -40,17 +40,15 @@ COMMANDS = [
     ShutdownCommand(),
 ]
 EVENTS = [
-    RunnerHeartbeat(),
-    RunnerJoining(timeout_s=5),
-    RunnerJoined(rank=1, world_size=2),
-    RunnerLoadProgress(progress=LoadProgress(layers_loaded=1, total=2, rank=1)),
-    RunnerReady(
-        rank=1, model="m", load_seconds=1.0, blas="x", weights_bytes=1, peak_memory_bytes=2
-    ),
-    RunnerChunk(request_id=3, chunk=TextChunk(text="a")),
-    RunnerRequestError(request_id=3, cause="c", fix="f"),
-    RunnerIdle(request_id=3),
-    RunnerFailed(rank=None, reason="r"),
+    RankHeartbeat(),
+    RankJoining(timeout_s=5),
+    RankJoined(rank=1, world_size=2),
+    RankLoadProgress(progress=LoadProgress(layers_loaded=1, total=2, rank=1)),
+    RankReady(rank=1, model="m", load_seconds=1.0, blas="x", weights_bytes=1, peak_memory_bytes=2),
+    RankChunk(request_id=3, chunk=TextChunk(text="a")),
+    RankRequestError(request_id=3, cause="c", fix="f"),
+    RankIdle(request_id=3),
+    RankFailed(rank=None, reason="r"),
 ]
 
 
@@ -92,4 +90,4 @@ def test_a_runner_given_a_bad_frame_says_so_and_exits() -> None:
     assert result.returncode == 2
     events = [decode_event(line) for line in result.stdout.splitlines()]
     failed = events[-1]
-    assert isinstance(failed, RunnerFailed) and "bad command" in failed.reason
+    assert isinstance(failed, RankFailed) and "bad command" in failed.reason
