@@ -50,9 +50,14 @@ def request(max_tokens: int = MAX_TOKENS) -> ChatRequest:
 
 
 def cli_chat(model: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`exo-tui chat --json` greedy; without tools unless `extra` holds "--tools"."""
+    if "--tools" in extra:
+        extra = tuple(e for e in extra if e != "--tools")
+    else:
+        extra = ("--no-tools", *extra)
     return subprocess.run(
         [sys.executable, "-m", "exo_tui.cli", "chat", "--model", str(model), "--prompt", PROMPT,
-         "--json", "--temperature", "0", "--max-tokens", str(MAX_TOKENS), "--no-tools", *extra],
+         "--json", "--temperature", "0", "--max-tokens", str(MAX_TOKENS), *extra],
         capture_output=True, text=True, cwd=ROOT, timeout=100,
     )  # fmt: skip
 
@@ -137,6 +142,23 @@ def test_load_events_carry_each_rank_up_to_its_own_layers(
         owned = spec.num_layers
         assert mine == [(i, owned) for i in range(1, owned + 1)]
     assert card.num_layers == 4
+
+
+def test_the_turn_with_tools_on_ranks_is_the_turn_in_one_process(tiny_llama: Path) -> None:
+    # Tools on: the chat template renders them into a long prompt, and chat_turn drives the
+    # ring's chat as it drives the engine.
+    answers: list[list[dict[str, Any]]] = []
+    for extra in ((), ("--ranks", "2")):
+        result = cli_chat(tiny_llama, "--tools", *extra)
+        assert result.returncode == 0, result.stderr[-3000:]
+        events = [json.loads(line) for line in result.stdout.splitlines()]
+        answers.append([e for e in events if e["type"] not in ("load", "ready")])
+    one, ranks = answers
+    assert one[-1]["usage"]["prompt_tokens"] > 300
+    assert ranks == [
+        {**e, "stats": r["stats"]} if e["type"] == "done" else e
+        for e, r in zip(one, ranks, strict=True)
+    ]
 
 
 def test_the_cli_refuses_a_ring_that_cannot_split_the_model(tiny_llama: Path) -> None:
