@@ -308,7 +308,7 @@ def apply(state: ClusterState, event: ClusterEvent) -> ClusterState:
         case NodesChosen(node_ids=node_ids):
             return _with(state, chosen_nodes=node_ids)
         case InstancePlaced(placement=placement):
-            return _with(state, instance=Instance(placement=placement))
+            return _placed(state, placement)
         case InstanceCleared():
             return _with(state, instance=None)
 
@@ -360,6 +360,16 @@ def _lost(state: ClusterState, node_id: str, reason: str) -> ClusterState:
         runner = RunnerFailed(reason=why, model=runner.model)
     view = NodeView(stats=old.stats, runner=runner, online=False, last_seen=old.last_seen)
     return _fail_instance(_replace_node(state, view), node_id, why)
+
+
+def _placed(state: ClusterState, placement: Placement) -> ClusterState:
+    """A new instance; it is failed from the start if one of its nodes is offline or unknown."""
+    for node_id in placement.node_ids:
+        view = state.node(node_id)
+        if view is None or not view.online:
+            reason = f"node {view.name if view else node_id} is offline"
+            return _with(state, instance=Instance(placement=placement, failed_reason=reason))
+    return _with(state, instance=Instance(placement=placement))
 
 
 def _fail_instance(state: ClusterState, node_id: str, reason: str) -> ClusterState:

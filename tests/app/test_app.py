@@ -39,6 +39,7 @@ def make_app(models_dir: Path, **kwargs: object) -> ExoTuiApp:
         model="tiny-llama",
         models_dirs=[models_dir],
         node_stats=fixed_stats(),
+        bundled=False,
         **kwargs,  # type: ignore[arg-type]
     )
 

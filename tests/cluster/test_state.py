@@ -198,6 +198,16 @@ def test_losing_a_node_fails_its_runner_and_the_instance_and_ignores_it_after() 
     assert apply(state, NodeLost(node_id="b")) == state
 
 
+def test_placing_on_an_offline_node_fails_the_instance_at_once() -> None:
+    state = apply_all(
+        cluster("a", "b"),
+        [NodeLost(node_id="b"), InstancePlaced(placement=two_node_placement())],
+    )
+    assert state.instance is not None
+    assert state.instance.failed_reason == "node host-b is offline"
+    assert state.instance_status == "failed"
+
+
 def test_a_node_that_comes_back_is_usable_again() -> None:
     state = apply_all(
         cluster("a"),
