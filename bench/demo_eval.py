@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import engine  # noqa: E402, F401  (OpenBLAS before mlx)
 from demo_model.corpus import EvalPrompt, heldout_prompts  # noqa: E402
+from engine.errors import RequestError  # noqa: E402
 from engine.generate import generate  # noqa: E402
 from engine.loading import LoadedModel, load_model_sync  # noqa: E402
 from engine.models import bundled_demo_dir  # noqa: E402
@@ -160,7 +161,12 @@ def evaluate(loaded: LoadedModel, prompts: list[EvalPrompt], verbose: bool) -> d
             ),
             Message(role="tool", content=result, tool_call_id=call.id, name=call.name),
         ]
-        second = run(loaded, history, 128)
+        try:
+            second = run(loaded, history, 128)
+        except RequestError as error:  # e.g. a result too long for the context
+            counts["answers"] += 1
+            failures.append(f"answer: {prompt.prompt!r} -> {error}")
+            continue
         second_done: DoneChunk = second["done"]
         if second_done.usage.completion_tokens >= 8:
             speeds.append(second_done.stats.decode_tps)

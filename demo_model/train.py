@@ -169,9 +169,20 @@ class Batches:
     Within a prefix group, chats are bucketed by length to limit padding.
     """
 
-    def __init__(self, work: Path, batch_size: int, seed: int, digit_weight: float = 1.0) -> None:
+    def __init__(
+        self,
+        work: Path,
+        batch_size: int,
+        seed: int,
+        digit_weight: float = 1.0,
+        decision_weight: float = 1.0,
+    ) -> None:
         data = np.load(work / "data.npz")
         self.ids, self.weights, self.offsets = data["ids"], data["weights"], data["offsets"]
+        if decision_weight != 1.0:  # the first token of an answer: tool call or text
+            self.weights = np.where(
+                self.weights == FIRST_TOKEN_WEIGHT, self.weights * decision_weight, self.weights
+            ).astype(np.float32)
         if digit_weight != 1.0:  # numbers copied from the context: the hard part
             digits = np.array([_token_id(work, str(d)) for d in range(10)])
             self.weights = np.where(
@@ -429,7 +440,8 @@ def train(args: argparse.Namespace) -> None:
     phases = state.get("phases", [[0.0, 0, float(state["minutes"]) * 60, args.lr]])
     budget = float(state["minutes"]) * 60
     digit_weight = float(state.setdefault("digit_weight", args.digit_weight))
-    batches = Batches(work, args.batch_size, args.seed, digit_weight)
+    decision_weight = float(state.setdefault("decision_weight", args.decision_weight))
+    batches = Batches(work, args.batch_size, args.seed, digit_weight, decision_weight)
 
     loss_and_grad = nn.value_and_grad(model, loss_fn)
     compiled_state = [model.state, optimizer.state]
@@ -491,6 +503,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoint-minutes", type=float, default=2.0)
     parser.add_argument(
         "--extend", type=float, default=0.0, help="train this many more minutes (a new phase)"
+    )
+    parser.add_argument(
+        "--decision-weight", type=float, default=1.0, help="extra weight on answers' first token"
     )
     parser.add_argument(
         "--digit-weight", type=float, default=1.0, help="extra loss weight on output digits"
