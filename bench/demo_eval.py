@@ -196,7 +196,7 @@ def evaluate(loaded: LoadedModel, prompts: list[EvalPrompt], verbose: bool) -> d
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=bundled_demo_dir())
     parser.add_argument("--count", type=int, default=200, help="held-out prompts")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")

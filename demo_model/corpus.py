@@ -615,7 +615,7 @@ _TURNS: dict[Intent, Callable[[random.Random, Split], list[dict[str, Any]]]] = {
 
 def conversation(rng: random.Random, split: Split = "train") -> Conversation:
     tools = rng.random() < 0.92
-    intents = list(_INTENT_WEIGHTS) if tools else ["chat"]
+    intents: list[Intent] = list(_INTENT_WEIGHTS) if tools else ["chat"]
     weights = list(_INTENT_WEIGHTS.values()) if tools else [1.0]
     intent: Intent = rng.choices(intents, weights=weights)[0]
     messages: list[dict[str, Any]] = []

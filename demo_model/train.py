@@ -24,7 +24,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import engine  # noqa: F401  (preloads OpenBLAS before mlx.core: ~30x faster matmuls)
 
@@ -268,7 +268,7 @@ def build_model(cfg: dict[str, Any], seed: int) -> nn.Module:
         if name.endswith("norm.weight"):
             continue
         scale = residual_std if name.endswith(("o_proj.weight", "down_proj.weight")) else std
-        params.append((name, scale * mx.random.normal(value.shape)))
+        params.append((name, scale * mx.random.normal(cast(mx.array, value).shape)))
     model.update(tree_unflatten(params))
     mx.eval(model.parameters())
     return model
@@ -341,7 +341,8 @@ def load_checkpoint(work: Path, model: nn.Module, optimizer: optim.Optimizer) ->
     if not (ckpt / "state.json").exists():
         return None
     model.load_weights(str(ckpt / "model.safetensors"))
-    optimizer.state = tree_unflatten(list(mx.load(str(ckpt / "optimizer.safetensors")).items()))
+    saved = cast(dict[str, mx.array], mx.load(str(ckpt / "optimizer.safetensors")))
+    optimizer.state = tree_unflatten(list(saved.items()))
     return json.loads((ckpt / "state.json").read_text())
 
 
@@ -423,7 +424,7 @@ def train(args: argparse.Namespace) -> None:
     prepare(work)
     cfg = config(_vocab_size(work))
     model = build_model(cfg, args.seed)
-    count = sum(v.size for _, v in tree_flatten(model.parameters()))
+    count = sum(cast(mx.array, v).size for _, v in tree_flatten(model.parameters()))
     optimizer = optim.AdamW(learning_rate=0.0, betas=[0.9, 0.95], weight_decay=0.05)
     state = load_checkpoint(work, model, optimizer)
     if state is None:
@@ -469,7 +470,7 @@ def train(args: argparse.Namespace) -> None:
         took = time.perf_counter() - tick
         elapsed += took
         step += 1
-        value = loss.item()
+        value = cast(float, loss.item())
         state["losses"].append([step, round(elapsed, 2), round(value, 5)])
         bar.update(round(elapsed) - bar.n)
         bar.set_postfix(step=step, loss=f"{value:.3f}", lr=f"{lr:.2e}", s_step=f"{took:.2f}")
@@ -494,7 +495,7 @@ def train(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=25.0, help="training time budget")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate")
