@@ -57,20 +57,21 @@ async def through_app(model: Path, loaded: LoadedModel, tokens: int) -> tuple[fl
         loaded.prompt_cache.clear()
         prompt = app.query_one(PromptInput)
         prompt.text = PROMPT
+        await pilot.pause()
         started = time.perf_counter()
-        await pilot.press("enter")
+        # Keys are posted as a terminal sends them; Pilot.press would wait for the app to idle.
+        app.post_message(events.Key("enter", None))
         gaps: list[float] = []
         while not app.query(StatsLine):
             answers = app.query(AnswerView)
             if answers and answers.last().text:
                 before = prompt.text
                 pressed = time.perf_counter()
-                # Posted like a terminal's key press; Pilot.press would wait for the app to idle.
                 app.post_message(events.Key("x", "x"))
                 while prompt.text == before:
                     await asyncio.sleep(0.001)
                 gaps.append(time.perf_counter() - pressed)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.02)
         elapsed = time.perf_counter() - started
         done = app.query_one(StatsLine).done
         print(

@@ -60,7 +60,7 @@ from exo_tui.store.paths import config_dir, data_dir
 from exo_tui.tools import builtin_registry
 
 CONTEXT_LENGTH = 4096
-STREAM_INTERVAL = 1 / 30
+STREAM_INTERVAL = 1 / 8
 SYSTEM_PROMPT = "You are exo-tui's assistant. Use the tools when they help; answer briefly."
 
 
