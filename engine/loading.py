@@ -68,6 +68,10 @@ def materialise_layers(layers: Sequence[nn.Module], rank: int = 0) -> Generator[
     """Evaluate each layer's weights in turn, reporting after each one; the last report is n/n."""
     total = len(layers)
     for index, layer in enumerate(layers):
+        # Start reading the next layer before waiting on this one: each eval is a sync point,
+        # and overlapping them keeps per-layer progress nearly as fast as one eval of all.
+        if index + 1 < total:
+            mx.async_eval(layers[index + 1].parameters())
         mx.eval(layer.parameters())
         yield LoadProgress(layers_loaded=index + 1, total=total, rank=rank)
 

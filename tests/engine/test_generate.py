@@ -67,7 +67,10 @@ def test_layers_are_materialised_one_at_a_time(tiny_llama: Path) -> None:
     for _ in loading:
         sizes.append(mx.get_active_memory())
     assert len(sizes) > 2
-    assert all(later > earlier for earlier, later in zip(sizes, sizes[1:], strict=False))
+    steps = list(zip(sizes, sizes[1:], strict=False))
+    # The next layer is read while one is reported, so the last step may add nothing.
+    assert all(later >= earlier for earlier, later in steps)
+    assert sum(later > earlier for earlier, later in steps) >= len(steps) - 1
 
 
 def test_greedy_tokens_match_plain_mlx_lm(tiny_llama: Path, loaded: LoadedModel) -> None:
