@@ -11,10 +11,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from textual.pilot import Pilot
+from textual.widgets import Static
 
 from engine.types import DoneChunk, Stats, TextChunk, ToolCallChunk, ToolResult, Usage
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.widgets.chat import ChatPane, PromptInput
+from exo_tui.app.widgets.nodes import NodeCard
 from exo_tui.cluster.state import (
     InstancePlaced,
     LoadFailed,
@@ -47,6 +49,9 @@ async def settle(app: ExoTuiApp, pilot: Pilot[None]) -> None:
 
 async def _model_chosen(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await wait_until(pilot, lambda: app.card is not None)
+    # The node's card counts the models found; wait until it has been redrawn with them.
+    text = app.query_one(NodeCard).query_one("#node-text", Static)
+    await wait_until(pilot, lambda: f"{len(app.cards)} model" in str(text.render()))
 
 
 async def empty(app: ExoTuiApp, pilot: Pilot[None]) -> None:
