@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from time import monotonic
 
 import pytest
 from textual.app import App, ComposeResult
@@ -35,13 +34,9 @@ from exo_tui.app.widgets.chat import (
     UserMessage,
     format_stats,
 )
+from tests.app.helpers import wait_until
 
 SIZE = (100, 30)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 class ChatApp(App[None]):
@@ -64,16 +59,6 @@ class ChatApp(App[None]):
 
     def on_prompt_input_submitted(self, message: PromptInput.Submitted) -> None:
         self.submitted.append(message.text)
-
-
-async def wait_until(
-    pilot: Pilot[None], predicate: Callable[[], bool], timeout: float = 5.0
-) -> None:
-    deadline = monotonic() + timeout
-    while not predicate():
-        if monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await pilot.pause(0.02)
 
 
 def done(
