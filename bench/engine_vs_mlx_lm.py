@@ -39,15 +39,16 @@ T = TypeVar("T")
 SEED = 0
 
 
-def bench_model() -> Path:
+def bench_model(config: dict[str, int] = BENCH_MODEL) -> Path:
+    """The benchmark llama with `config`, built once into the user cache folder."""
     import platformdirs
 
     from tests.tiny_models import build_tiny_model
 
-    key = "-".join(f"{k}{v}" for k, v in sorted(BENCH_MODEL.items()))
+    key = "-".join(f"{k}{v}" for k, v in sorted(config.items()))
     folder = platformdirs.user_cache_path("exo-tui") / "bench" / f"llama-{key}"
     if not (folder / "config.json").exists():
-        build_tiny_model(folder, "llama", **BENCH_MODEL)  # type: ignore[arg-type]
+        build_tiny_model(folder, "llama", **config)  # type: ignore[arg-type]
     return folder
 
 

@@ -23,7 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.engine_vs_mlx_lm import BENCH_MODEL, MAX_TOKENS, SEED, long_prompt  # noqa: E402
+from bench.engine_vs_mlx_lm import BENCH_MODEL, MAX_TOKENS, SEED, bench_model, long_prompt  # noqa: E402
 
 CONFIGS = ("1 process", "pipeline 2", "tensor 2")
 MB = 1e6
@@ -33,15 +33,7 @@ SHARDING_MODEL = {**BENCH_MODEL, "num_kv_heads": 2}
 
 
 def sharding_model() -> Path:
-    import platformdirs
-
-    from tests.tiny_models import build_tiny_model
-
-    key = "-".join(f"{k}{v}" for k, v in sorted(SHARDING_MODEL.items()))
-    folder = platformdirs.user_cache_path("exo-tui") / "bench" / f"llama-{key}"
-    if not (folder / "config.json").exists():
-        build_tiny_model(folder, "llama", **SHARDING_MODEL)  # type: ignore[arg-type]
-    return folder
+    return bench_model(SHARDING_MODEL)
 
 
 def requests() -> tuple[Any, Any]:
