@@ -41,7 +41,7 @@ from openai_harmony import (  # pyright: ignore[reportMissingTypeStubs]
 from openai_harmony import Message as HarmonyMessage  # pyright: ignore[reportMissingTypeStubs]
 
 from engine.errors import EngineError, RequestError
-from engine.parsers import new_call_id
+from engine.parsers import tool_call_chunk
 from engine.types import ErrorChunk, Message, ReasoningChunk, TextChunk, ToolCallChunk, ToolSpec
 
 __all__ = [
@@ -218,23 +218,11 @@ class HarmonyStreamParser:
             return ErrorChunk(
                 message=f"gpt-oss addressed a message to an empty recipient: {text!r}"
             )
-        if not text.strip():
-            arguments: object = {}
-        else:
-            try:
-                arguments = json.loads(text)
-            except json.JSONDecodeError as e:
-                return ErrorChunk(
-                    message=f"The tool call to {name!r} has arguments that are not valid JSON"
-                    f" ({e}): {text!r}"
-                )
-        if not isinstance(arguments, dict):
-            return ErrorChunk(
-                message=f"The tool call to {name!r} has arguments that are not a JSON object:"
-                f" {text!r}"
-            )
+        chunk = tool_call_chunk(name, text)
+        if isinstance(chunk, ErrorChunk):
+            return chunk
         self.tool_calls += 1
-        return ToolCallChunk(id=new_call_id(), name=name, arguments=arguments)  # pyright: ignore[reportUnknownArgumentType]
+        return chunk
 
 
 # --- rendering a prompt -------------------------------------------------------------------------

@@ -147,7 +147,11 @@ def _tool_call_chunk(call: Any, text: str) -> ToolCallChunk | ErrorChunk:
     name = fields.get("name")
     if not isinstance(name, str):
         return ErrorChunk(message=f"The model's tool call has no tool name: {text.strip()[:200]!r}")
-    arguments: object = fields.get("arguments", {})
+    return tool_call_chunk(name, fields.get("arguments", {}))
+
+
+def tool_call_chunk(name: str, arguments: object) -> ToolCallChunk | ErrorChunk:
+    """A call to `name`; `arguments` may be JSON text (empty means none) or already parsed."""
     if isinstance(arguments, str):
         try:
             arguments = cast(object, json.loads(arguments)) if arguments.strip() else {}
