@@ -17,7 +17,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model as mlx_lm_load_model  # pyright: ignore[reportUnknownVariableType]
 from mlx_lm.utils import load_tokenizer  # pyright: ignore[reportUnknownVariableType]
 
-from engine import blas
+from engine import attention, blas
 from engine.errors import ModelFormatError
 from engine.harmony import stop_token_ids
 from engine.models import read_card
@@ -87,6 +87,7 @@ def open_lazy(path: Path) -> tuple[nn.Module, dict[str, Any], TokenizerWrapper, 
             f"mlx-lm cannot build the model in {path}: {error}",
             "Check that the weights match config.json, or re-download the model",
         ) from error
+    attention.install(model)
     try:
         tokenizer: TokenizerWrapper = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except (OSError, ValueError, json.JSONDecodeError) as error:

@@ -1,0 +1,118 @@
+"""The CPU attention computes what MLX's fused attention computes, and is what models use."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from engine import attention
+from engine.generate import generate
+from engine.loading import load_model_sync
+from engine.types import ChatRequest, DoneChunk, Message
+
+
+def random_qkv(
+    length: int, keys: int, heads: int = 8, kv_heads: int = 2, dtype: mx.Dtype = mx.float32
+) -> tuple[mx.array, mx.array, mx.array]:
+    mx.random.seed(length * 1000 + keys)
+    q = mx.random.normal((1, heads, length, 32)).astype(dtype)
+    k = mx.random.normal((1, kv_heads, keys, 32)).astype(dtype)
+    v = mx.random.normal((1, kv_heads, keys, 32)).astype(dtype)
+    return q, k, v
+
+
+def max_difference(a: mx.array, b: mx.array) -> float:
+    return float(mx.max(mx.abs(a.astype(mx.float32) - b.astype(mx.float32))))
+
+
+@pytest.mark.parametrize(
+    ("length", "keys", "mask"),
+    [(40, 40, "causal"), (24, 300, "causal"), (1, 50, None), (30, 30, None)],
+)
+def test_matches_mlx_fused_attention(length: int, keys: int, mask: str | None) -> None:
+    q, k, v = random_qkv(length, keys)
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask=mask)
+    got = attention.attention(q, k, v, scale=0.2, mask=mask)
+    assert got.shape == expected.shape
+    assert max_difference(got, expected) < 1e-5
+
+
+def test_exp_is_as_precise_as_mlx() -> None:
+    y = mx.linspace(-80.0, 0.0, 100_003) * attention.LOG2E
+    exact = mx.exp(y.astype(mx.float32) / attention.LOG2E)
+    relative = mx.abs(attention._exp2(y) - exact) / exact  # pyright: ignore[reportPrivateUsage]
+    assert float(mx.max(relative)) < 4e-6
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 20, 30), (1, 8, 20, 30), (20, 30)])
+def test_boolean_and_additive_masks(shape: tuple[int, ...]) -> None:
+    q, k, v = random_qkv(20, 30)
+    allowed = mx.random.uniform(shape=shape) > 0.3
+    additive = mx.random.normal(shape)
+    for mask in (allowed, additive):
+        expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask=mask)
+        assert max_difference(attention.attention(q, k, v, scale=0.2, mask=mask), expected) < 1e-5
+
+
+def test_long_prompts_run_in_blocks_of_queries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(attention, "MAX_SCORES", 2_000)  # 8 heads x 60 keys: 4 queries a block
+    q, k, v = random_qkv(45, 60)
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask="causal")
+    assert max_difference(attention.attention(q, k, v, scale=0.2, mask="causal"), expected) < 1e-5
+
+
+def test_half_precision_keeps_its_dtype() -> None:
+    q, k, v = random_qkv(33, 33, dtype=mx.bfloat16)
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask="causal")
+    got = attention.attention(q, k, v, scale=0.2, mask="causal")
+    assert got.dtype == mx.bfloat16
+    assert max_difference(got, expected) < 2e-2
+
+
+def test_loaded_models_route_prefill_through_it(tiny_llama: Path) -> None:
+    loaded = load_model_sync(tiny_llama)
+    module = sys.modules[type(loaded.model).__module__]
+    routed = module.scaled_dot_product_attention
+    assert hasattr(routed, "_exo_tui_original_sdpa")
+
+    calls: list[int] = []
+    original_attention = attention.attention
+
+    def counting(q: mx.array, *args: object, **kwargs: object) -> mx.array:
+        calls.append(q.shape[2])
+        return original_attention(q, *args, **kwargs)  # type: ignore[arg-type]
+
+    attention.attention = counting  # type: ignore[assignment]
+    try:
+        request = ChatRequest(
+            messages=(Message(role="user", content="hello there, how are you today?"),),
+            max_tokens=4,
+            temperature=0.0,
+        )
+        done = [c for c in generate(loaded, request) if isinstance(c, DoneChunk)][0]
+    finally:
+        attention.attention = original_attention
+    # Prefill (all but the last prompt token, which mlx-lm feeds with the first step) goes through
+    # it once per layer; decoding (one query at a time) keeps MLX's kernel.
+    assert calls and all(n == done.usage.prompt_tokens - 1 for n in calls)
+    assert len(calls) == loaded.card.num_layers
+
+
+def test_greedy_tokens_match_mlx_attention(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = ChatRequest(
+        messages=(Message(role="user", content="tell me about the cluster and its nodes " * 8),),
+        max_tokens=40,
+        temperature=0.0,
+    )
+    loaded = load_model_sync(tiny_llama)
+    ours = [c for c in generate(loaded, request) if isinstance(c, DoneChunk)][0].token_ids
+    monkeypatch.setenv("EXO_TUI_ATTENTION", "mlx")
+    assert not attention.enabled()
+    loaded.prompt_cache.clear()
+    theirs = [c for c in generate(loaded, request) if isinstance(c, DoneChunk)][0].token_ids
+    assert ours == theirs
