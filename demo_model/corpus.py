@@ -222,9 +222,108 @@ _CALC_FRAMES = (
 )  # fmt: skip
 
 
+# Frames built from parts, so the model learns "numbers and an operator mean calculator" rather
+# than a list of sentences; none of them may equal a held-out frame (checked below).
+_CALC_LEADS = [
+    "",
+    "",
+    "",
+    "can you ",
+    "could you ",
+    "please ",
+    "would you ",
+    "pls ",
+    "now ",
+    "I'd like you to ",
+    "I want you to ",
+    "go ahead and ",
+    "try to ",
+]
+_CALC_VERBS = [
+    "calculate {e}",
+    "compute {e}",
+    "work out {e}",
+    "figure out {e}",
+    "evaluate {e}",
+    "solve {e}",
+    "find {e}",
+    "check {e}",
+    "tell me {e}",
+    "answer {e}",
+    "find out {e}",
+    "determine {e}",
+    "crunch {e}",
+]
+_CALC_QUESTIONS = [
+    "what is {e}",
+    "what's {e}",
+    "whats {e}",
+    "how much is {e}",
+    "what does {e} equal",
+    "what does {e} give",
+    "what do I get from {e}",
+    "what comes out of {e}",
+    "what's the value of {e}",
+    "what is the answer for {e}",
+    "what's the result of {e}",
+    "{e} is what",
+    "{e} makes how much",
+    "the answer to {e}",
+    "how much do I get for {e}",
+    "what's {e} equal to",
+    "what is {e} equal to",
+    "result of {e}",
+    "value of {e}",
+    "{e}",
+    "{e} = ?",
+    "{e}=?",
+    "{e} = what",
+]
+_CALC_ASKS = [
+    "",
+    "",
+    "do you know ",
+    "can you tell me ",
+    "tell me ",
+    "any idea ",
+    "so ",
+    "quick one: ",
+    "math question: ",
+    "question: ",
+]
+_CALC_TAILS = [
+    "",
+    "",
+    "",
+    " for me",
+    " real quick",
+    " now",
+    " right now",
+    " if you can",
+    " in your head",
+    " please",
+    " quickly",
+]
+
+
+def _calc_frame(rng: random.Random, split: Split) -> str:
+    if split == "heldout":
+        return rng.choice(_CALC_FRAMES[1])
+    while True:
+        roll = rng.random()
+        if roll < 0.3:
+            frame = rng.choice(_CALC_FRAMES[0])
+        elif roll < 0.6:
+            frame = rng.choice(_CALC_LEADS) + rng.choice(_CALC_VERBS) + rng.choice(_CALC_TAILS)
+        else:
+            frame = rng.choice(_CALC_ASKS) + rng.choice(_CALC_QUESTIONS) + rng.choice(_CALC_TAILS)
+        if frame not in _CALC_FRAMES[1]:
+            return frame
+
+
 def calculator_turns(rng: random.Random, split: Split) -> tuple[list[dict[str, Any]], Arithmetic]:
     calc = arithmetic(rng, split)
-    frame = _pick(rng, split, *_CALC_FRAMES)
+    frame = _calc_frame(rng, split)
     question = _dress(rng, frame.format(e=calc.user_form))
     result = _result_text(calc.expression)
     answer = calculator_answer(calc.spoken, result)
@@ -525,7 +624,8 @@ _CHAT: dict[str, tuple[list[str], list[str], str]] = {
          "how do I stop a generation", "what are the key bindings", "how do I open help",
          "list the shortcuts", "what keys does exo-tui have", "how do I open the command palette"],
         ["what hotkeys are there", "how do I exit"],
-        "Press ? for help, Esc to stop a generation, ctrl+p for the command palette and q to quit.",
+        "Press ? for help, Esc to stop a generation, ctrl+p for the command palette and ctrl+q to "
+        "quit.",
     ),
     "models": (
         ["how do I list models", "which models can I use", "where are models found",
@@ -668,6 +768,10 @@ def heldout_prompts(count: int = 200, seed: int = SEED + 1) -> list[EvalPrompt]:
 def all_training_phrasings() -> set[str]:
     """Every core training phrasing, to check that held-out ones never leak into training."""
     found = set(_CALC_FRAMES[0]) | set(_CLOCK_FRAMES[0])
+    for lead in _CALC_LEADS:
+        found |= {lead + verb + tail for verb in _CALC_VERBS for tail in _CALC_TAILS}
+    for ask in _CALC_ASKS:
+        found |= {ask + question + tail for question in _CALC_QUESTIONS for tail in _CALC_TAILS}
     for train, _ in _CLUSTER_FRAMES.values():
         found |= set(train)
     for train, _, _ in _CHAT.values():

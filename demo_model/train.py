@@ -103,7 +103,10 @@ def _segments(text: str) -> list[tuple[str, bool]]:
 
 
 def prepare(work: Path) -> None:
-    """Corpus -> tokenizer -> token ids and loss weights in `work/data.npz`."""
+    """Corpus -> tokenizer -> token ids and loss weights in `work/data.npz`.
+
+    Delete `data.npz` to regenerate the corpus; an existing tokenizer is kept, so training can
+    go on from its checkpoint (`--extend`)."""
     if (work / "data.npz").exists():
         return
     work.mkdir(parents=True, exist_ok=True)
@@ -112,13 +115,21 @@ def prepare(work: Path) -> None:
     tok_dir = work / "tokenizer"
     # The template needs a tokenizer to render with; render with a first one trained on the
     # message texts, then train the real one on the rendered chats (system prompt included).
-    contents = [str(m["content"]) for c in conversations[:5000] for m in c.messages]
-    tiny_models.build_tokenizer(tok_dir, VOCAB_SIZE, texts=contents, split_digits=True)
-    boot = _load_tokenizer(tok_dir)
-    texts = [_render(boot, c) for c in conversations]
-    size = tiny_models.build_tokenizer(tok_dir, VOCAB_SIZE, texts=texts[:20000], split_digits=True)
-    tokenizer = _load_tokenizer(tok_dir)
-    print(f"tokenizer: {size} tokens; rendered {len(texts)} chats", flush=True)
+    if (tok_dir / "tokenizer.json").exists():
+        # A checkpoint trained with this tokenizer may continue on a regenerated corpus.
+        tokenizer = _load_tokenizer(tok_dir)
+        texts = [_render(tokenizer, c) for c in conversations]
+        print(f"kept the tokenizer in {tok_dir}; rendered {len(texts)} chats", flush=True)
+    else:
+        contents = [str(m["content"]) for c in conversations[:5000] for m in c.messages]
+        tiny_models.build_tokenizer(tok_dir, VOCAB_SIZE, texts=contents, split_digits=True)
+        boot = _load_tokenizer(tok_dir)
+        texts = [_render(boot, c) for c in conversations]
+        size = tiny_models.build_tokenizer(
+            tok_dir, VOCAB_SIZE, texts=texts[:20000], split_digits=True
+        )
+        tokenizer = _load_tokenizer(tok_dir)
+        print(f"tokenizer: {size} tokens; rendered {len(texts)} chats", flush=True)
 
     all_segments = [_segments(t) for t in texts]
     flat = [s for segs in all_segments for s, _ in segs]
