@@ -1,4 +1,4 @@
-"""The code stays typed and tidy: ruff over the tree, pyright strict over engine/."""
+"""The code stays typed and tidy: ruff over the tree, pyright strict over engine/ and the cluster."""
 
 from __future__ import annotations
 
@@ -30,9 +30,13 @@ def test_ruff_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_pyright_is_clean_on_engine() -> None:
+def test_pyright_is_clean_on_engine_and_cluster() -> None:
     result = subprocess.run(
-        [tool("pyright"), "engine"], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [tool("pyright"), "engine", "exo_tui/cluster", "exo_tui/store"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     assert "0 errors" in result.stdout
