@@ -1,8 +1,9 @@
-"""The `exo-tui` command: the TUI by default, `chat` for headless one-shot chats, `models`."""
+"""The `exo-tui` command: the TUI by default; `chat`, `models` and `key` for the shell."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,7 +60,47 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the models found, with their cards")
     models.add_argument("--json", action="store_true", help="one JSON card per line")
     _add_models_dir(models)
+
+    key = commands.add_parser("key", help="print the cluster key, to give to your other machines")
+    key.add_argument(
+        "--show-fingerprint",
+        action="store_true",
+        help="print only the key's fingerprint (safe to share; peers advertise it)",
+    )
+    key.add_argument(
+        "--new",
+        action="store_true",
+        help="replace the stored key; nodes on the old one are refused",
+    )
     return parser
+
+
+def show_key(args: argparse.Namespace) -> int:
+    """`exo-tui key`: the key (or its fingerprint) on stdout, what to do with it on stderr."""
+    from exo_tui.store import identity
+
+    key = identity.replace_cluster_key() if args.new else identity.load_cluster_key()
+    print(key.fingerprint if args.show_fingerprint else key.text)
+    from_env = bool(os.environ.get(identity.KEY_ENV, "").strip())
+    if args.new:
+        notice = (
+            f"new cluster key written to {identity.key_path()} (fingerprint {key.fingerprint}); "
+            "nodes still using the old key will be refused until they are given this one"
+        )
+        if from_env:
+            notice += (
+                f"; {identity.KEY_ENV} is set, so nodes started from this shell still use that one"
+            )
+    elif args.show_fingerprint:
+        return 0
+    else:
+        source = f" (from {identity.KEY_ENV})" if from_env else ""
+        notice = (
+            f"fingerprint {key.fingerprint}{source}; on another machine run "
+            f"`exo-tui node --key {key.text}` or set {identity.KEY_ENV}={key.text}"
+        )
+    print(f"exo-tui: {notice}", file=sys.stderr)
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,6 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from exo_tui.headless import list_models
 
             return list_models(args)
+        if args.command == "key":
+            return show_key(args)
         from exo_tui.app.main import run_app
 
         return run_app(model=args.model, models_dirs=args.models_dir, load=args.load)

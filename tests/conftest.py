@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny random-weight models in mlx-lm format (see tests/tiny_models.py).
+"""Shared fixtures: tiny random-weight models in mlx-lm format (see tests/tiny_models.py), and
+an empty exo-tui home per test.
 
 The folders are built once per session and shared: treat them as read-only. A test that
 changes a model folder builds its own with ``build_tiny_model(tmp_path / ..., ...)``.
@@ -45,3 +46,12 @@ def tiny_model(request: pytest.FixtureRequest, tiny_model_factory: TinyModelFact
     A test narrows it with ``@pytest.mark.parametrize("tiny_model", ["qwen3"], indirect=True)``.
     """
     return tiny_model_factory(request.param)
+
+
+@pytest.fixture
+def exo_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh EXO_TUI_HOME (not created yet), with no cluster key taken from the environment."""
+    home = tmp_path / "exo-home"
+    monkeypatch.setenv("EXO_TUI_HOME", str(home))
+    monkeypatch.delenv("EXO_TUI_KEY", raising=False)
+    return home
