@@ -61,6 +61,28 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true", help="one JSON card per line")
     _add_models_dir(models)
 
+    node = commands.add_parser("node", help="run this machine as a headless peer of the cluster")
+    node.add_argument("--port", type=int, default=None, help="control port (default 52525)")
+    node.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a peer to dial, for networks without multicast (repeatable)",
+    )
+    node.add_argument(
+        "--interface",
+        action="append",
+        default=None,
+        metavar="ADDRESS",
+        help="bind the control port and mDNS to this address only (repeatable for mDNS)",
+    )
+    node.add_argument("--key", help="the cluster key (default: EXO_TUI_KEY, then the stored key)")
+    node.add_argument("--name", help="the name other nodes show (default: the host name)")
+    node.add_argument("--no-mdns", action="store_true", help="only dial the --peer addresses")
+    node.add_argument("--json", action="store_true", help="JSON Lines on stdout, one per event")
+    _add_models_dir(node)
+
     key = commands.add_parser("key", help="print the cluster key, to give to your other machines")
     key.add_argument(
         "--show-fingerprint",
@@ -103,6 +125,31 @@ def show_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def start_node(args: argparse.Namespace) -> int:
+    """`exo-tui node`: check the options, then serve until Ctrl+C or SIGTERM."""
+    from engine.errors import EngineError
+    from exo_tui.cluster.node import DEFAULT_PORT, NodeOptions, parse_peer
+    from exo_tui.node_command import run_node
+    from exo_tui.store import identity
+
+    for peer in args.peer:
+        try:
+            parse_peer(peer)
+        except ValueError as error:
+            raise EngineError(str(error), "Give peers as --peer HOST:PORT") from error
+    interfaces: list[str] | None = args.interface
+    options = NodeOptions(
+        port=DEFAULT_PORT if args.port is None else args.port,
+        bind=interfaces[0] if interfaces else "0.0.0.0",
+        peers=tuple(args.peer),
+        mdns=not args.no_mdns,
+        interfaces=interfaces,
+    )
+    key = identity.load_cluster_key(args.key)
+    me = identity.load_node_identity(args.name)
+    return run_node(me, key, options, args.models_dir, args.json)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from engine.errors import EngineError
@@ -118,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return list_models(args)
         if args.command == "key":
             return show_key(args)
+        if args.command == "node":
+            return start_node(args)
         from exo_tui.app.main import run_app
 
         return run_app(model=args.model, models_dirs=args.models_dir, load=args.load)

@@ -11,6 +11,7 @@ import psutil
 
 from engine import blas
 from exo_tui.cluster.state import Backend, ClusterState, NodeStats
+from exo_tui.store.identity import NodeIdentity
 
 GIB = 2**30
 
@@ -24,11 +25,12 @@ def local_node_id() -> str:
     return f"local-{socket.gethostname()}"
 
 
-def local_node_stats(models: Sequence[str] = ()) -> NodeStats:
+def local_node_stats(models: Sequence[str] = (), identity: NodeIdentity | None = None) -> NodeStats:
+    """This machine's stats now, under its persistent identity when it has one."""
     memory = psutil.virtual_memory()
     return NodeStats(
-        node_id=local_node_id(),
-        name=socket.gethostname(),
+        node_id=identity.node_id if identity else local_node_id(),
+        name=identity.name if identity else socket.gethostname(),
         backend=local_backend(),
         blas=blas.describe(),
         memory_total_bytes=int(memory.total),

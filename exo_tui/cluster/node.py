@@ -1,0 +1,321 @@
+"""The node daemon: a control port, mDNS, and one keyed session with every peer.
+
+Each node listens on its control port, advertises itself over mDNS and dials the peers it finds
+there or is given by hand (`--peer host:port`). Every connection starts with the mutual HMAC
+handshake of `protocol`; a peer without the cluster key is refused and reported as foreign.
+Over a session both sides send their stats every second; the stats double as heartbeats, so a
+peer that is silent for `SILENCE_S` is lost (mDNS would take ~18 minutes to notice a SIGKILL).
+
+One session per peer: when both sides dial each other, both keep the connection dialed by the
+smaller node id, so they agree without talking about it.
+
+The daemon reports what it learns as `ClusterEvent`s (and foreign peers) through callbacks; the
+TUI folds them into its `ClusterState`, `exo-tui node` logs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+
+from exo_tui.cluster.discovery import Advert, Discovery, PeerFound, PeerRemoved
+from exo_tui.cluster.protocol import (
+    PROTOCOL_VERSION,
+    FrameStream,
+    Goodbye,
+    HandshakeRefused,
+    Heartbeat,
+    PeerInfo,
+    ProtocolError,
+    StatsFrame,
+    handshake_client,
+    handshake_server,
+)
+from exo_tui.cluster.state import ClusterEvent, NodeLost, NodeStats, StatsUpdated
+from exo_tui.store.identity import ClusterKey, NodeIdentity
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 52525
+DUPLICATE = "already connected"
+STATS_INTERVAL_S = 1.0
+SILENCE_S = 3.0
+CONNECT_TIMEOUT_S = 3.0
+REDIAL_S = (0.5, 1.0, 2.0, 4.0)
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """A peer that answered but does not hold our cluster key (or speaks another version)."""
+
+    address: str
+    reason: str
+    peer: PeerInfo | None = None
+
+
+@dataclass
+class NodeOptions:
+    port: int = DEFAULT_PORT
+    bind: str = "0.0.0.0"
+    peers: Sequence[str] = ()  # "host:port" named by hand
+    mdns: bool = True
+    interfaces: Sequence[str] | None = None  # addresses mDNS binds; None: every interface
+
+
+def parse_peer(text: str) -> tuple[str, int]:
+    """`host:port` (or `[v6]:port`) -> (host, port); ValueError naming the problem."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"peer {text!r} is not HOST:PORT (for example 192.168.1.20:{DEFAULT_PORT})"
+        )
+    return host, int(port)
+
+
+@dataclass
+class _Session:
+    peer: PeerInfo
+    dialer: str  # node id of the side that dialed
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+
+
+class Node:
+    """One node: serve, discover, dial, and keep one live session with every peer."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        key: ClusterKey,
+        stats: Callable[[], NodeStats],
+        on_event: Callable[[ClusterEvent], None],
+        options: NodeOptions | None = None,
+        on_foreign: Callable[[Foreign], None] | None = None,
+    ) -> None:
+        self.identity = identity
+        self.key = key
+        self.options = options or NodeOptions()
+        self._stats = stats
+        self._on_event = on_event
+        self._on_foreign: Callable[[Foreign], None] = on_foreign or _ignore
+        self._sessions: dict[str, _Session] = {}
+        self._dialing: set[tuple[str, int]] = set()
+        self.port = self.options.port
+
+    @property
+    def peers(self) -> tuple[PeerInfo, ...]:
+        """The peers with a live session."""
+        return tuple(s.peer for s in self._sessions.values())
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until cancelled; `task_status.started(port)` once the control port listens."""
+        listener = await anyio.create_tcp_listener(
+            local_host=self.options.bind, local_port=self.options.port, reuse_port=False
+        )
+        self.port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
+        async with listener, anyio.create_task_group() as tasks:
+            tasks.start_soon(listener.serve, self._accept)
+            for text in self.options.peers:
+                tasks.start_soon(self._dial_forever, *parse_peer(text))
+            if self.options.mdns:
+                tasks.start_soon(self._discover, tasks)
+            task_status.started(self.port)
+
+    # ------------------------------------------------------------------ connections
+
+    async def _accept(self, stream: anyio.abc.SocketStream) -> None:
+        frames = FrameStream(stream)
+        address = _remote(stream)
+        try:
+            peer = await handshake_server(
+                frames,
+                self.key.secret,
+                self.identity.node_id,
+                self.identity.name,
+                self.key.fingerprint,
+            )
+        except HandshakeRefused as refused:
+            self._refused(address, refused)
+            await frames.aclose()
+            return
+        except (ProtocolError, OSError, anyio.EndOfStream, anyio.IncompleteRead) as error:
+            log.warning("connection from %s closed during the handshake: %s", address, error)
+            await frames.aclose()
+            return
+        await self._session(frames, peer, dialer=peer.node_id)
+
+    async def _dial_forever(self, host: str, port: int) -> None:
+        """Keep a session with the peer at host:port, redialing with a growing pause."""
+        attempt = 0
+        while True:
+            if await self._dial(host, port):
+                attempt = 0  # it worked, then ended: try again soon
+            await anyio.sleep(REDIAL_S[min(attempt, len(REDIAL_S) - 1)])
+            attempt += 1
+
+    async def _dial(self, host: str, port: int) -> bool:
+        """One connection to host:port, served until it ends; True when a session ran."""
+        address = f"{host}:{port}"
+        try:
+            with anyio.fail_after(CONNECT_TIMEOUT_S):
+                stream = await anyio.connect_tcp(host, port)
+        except (OSError, TimeoutError) as error:
+            log.debug("cannot reach %s: %s", address, error)
+            return False
+        frames = FrameStream(stream)
+        try:
+            peer = await handshake_client(
+                frames,
+                self.key.secret,
+                self.identity.node_id,
+                self.identity.name,
+                self.key.fingerprint,
+            )
+        except HandshakeRefused as refused:
+            self._refused(address, refused)
+            await frames.aclose()
+            return False
+        except (ProtocolError, OSError, anyio.EndOfStream, anyio.IncompleteRead) as error:
+            log.warning("handshake with %s failed: %s", address, error)
+            await frames.aclose()
+            return False
+        await self._session(frames, peer, dialer=self.identity.node_id)
+        return True
+
+    def _refused(self, address: str, refused: HandshakeRefused) -> None:
+        self._on_foreign(Foreign(address=address, reason=refused.reason, peer=refused.peer))
+
+    # ------------------------------------------------------------------ discovery
+
+    async def _discover(self, tasks: anyio.abc.TaskGroup) -> None:
+        advert = Advert(
+            node_id=self.identity.node_id,
+            name=self.identity.name,
+            version=PROTOCOL_VERSION,
+            port=self.port,
+            fingerprint=self.key.fingerprint,
+        )
+        async with Discovery(advert, interfaces=self.options.interfaces) as discovery:
+            async for event in discovery.events():
+                match event:
+                    case PeerFound(advert=found):
+                        self._found(found, tasks)
+                    case PeerRemoved():
+                        pass  # liveness comes from the session, not from mDNS
+
+    def _found(self, advert: Advert, tasks: anyio.abc.TaskGroup) -> None:
+        if advert.fingerprint != self.key.fingerprint:
+            reason = f"holds another cluster key (fingerprint {advert.fingerprint})"
+            peer = PeerInfo(
+                node_id=advert.node_id, name=advert.name, fingerprint=advert.fingerprint
+            )
+            self._on_foreign(Foreign(address=_first(advert), reason=reason, peer=peer))
+            return
+        # Both ends see each other; only the smaller id dials, so there is one connection.
+        if advert.node_id <= self.identity.node_id or not advert.addresses:
+            return
+        target = (advert.addresses[0], advert.port)
+        if target not in self._dialing:
+            self._dialing.add(target)
+            tasks.start_soon(self._dial_forever, *target)
+
+    # ------------------------------------------------------------------ sessions
+
+    async def _session(self, frames: FrameStream, peer: PeerInfo, dialer: str) -> None:
+        session = _Session(peer=peer, dialer=dialer)
+        if not self._claim(session):
+            await _close(frames, DUPLICATE)
+            return
+        reason: str | None = None  # None: not a loss (our shutdown, or a preferred session)
+        ended = False
+        try:
+            with session.scope:
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(self._send_stats, frames)
+                    reason = await self._receive(frames, peer)
+                    ended = True
+                    tasks.cancel_scope.cancel()
+        finally:
+            if self._sessions.get(peer.node_id) is session:
+                del self._sessions[peer.node_id]
+                if reason is not None:
+                    self._on_event(NodeLost(node_id=peer.node_id, reason=reason))
+            await _close(frames, "" if ended else "node shutting down")
+
+    def _claim(self, session: _Session) -> bool:
+        """Make `session` the peer's one session unless the current one is preferred."""
+        current = self._sessions.get(session.peer.node_id)
+        if current is not None:
+            if self._preferred(current) or not self._preferred(session):
+                return False
+            current.scope.cancel()
+        self._sessions[session.peer.node_id] = session
+        return True
+
+    def _preferred(self, session: _Session) -> bool:
+        """Whether `session` was dialed by the smaller of its two node ids."""
+        return session.dialer == min(self.identity.node_id, session.peer.node_id)
+
+    async def _send_stats(self, frames: FrameStream) -> None:
+        while True:
+            await frames.send(StatsFrame(stats=self._stats()))
+            await anyio.sleep(STATS_INTERVAL_S)
+
+    async def _receive(self, frames: FrameStream, peer: PeerInfo) -> str | None:
+        """Fold the peer's frames into events until it goes quiet or away; return why (None:
+        the peer kept another session with us, so nothing was lost)."""
+        while True:
+            with anyio.move_on_after(SILENCE_S):
+                try:
+                    frame = await frames.receive()
+                except ProtocolError as error:
+                    log.warning("bad frame from %s: %s", peer.name, error)
+                    return f"sent a malformed frame ({error})"
+                except (anyio.EndOfStream, anyio.IncompleteRead, OSError):
+                    return "closed the connection"
+                match frame:
+                    case StatsFrame(stats=stats) if stats.node_id == peer.node_id:
+                        self._on_event(StatsUpdated(stats=stats, at=time.time()))
+                    case Heartbeat():
+                        pass
+                    case Goodbye(reason=reason):
+                        if reason == DUPLICATE:
+                            return None
+                        return f"left ({reason})" if reason else "left"
+                    case _:
+                        log.warning("unexpected %s frame from %s", frame.type, peer.name)
+                        return f"sent an unexpected {frame.type} frame"
+                continue
+            return f"sent nothing for {SILENCE_S:g} s"
+
+
+def _ignore(foreign: Foreign) -> None:
+    pass
+
+
+async def _close(frames: FrameStream, reason: str) -> None:
+    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+        if reason:
+            with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await frames.send(Goodbye(reason=reason))
+        await frames.aclose()
+
+
+def _remote(stream: anyio.abc.SocketStream) -> str:
+    try:
+        host, port = stream.extra(anyio.abc.SocketAttribute.remote_address)[:2]
+        return f"{host}:{port}"
+    except (anyio.TypedAttributeLookupError, ValueError, TypeError):
+        return "?"
+
+
+def _first(advert: Advert) -> str:
+    return f"{advert.addresses[0]}:{advert.port}" if advert.addresses else f"?:{advert.port}"

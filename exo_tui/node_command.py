@@ -1,0 +1,115 @@
+"""`exo-tui node`: this machine as a headless peer of the cluster, until Ctrl+C or SIGTERM.
+
+Logs peers joining, leaving and being refused on stderr; with `--json`, writes one JSON object
+per event on stdout instead (what scripts and the tests read).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+
+from exo_tui.cluster.local import local_node_stats
+from exo_tui.cluster.node import Foreign, Node, NodeOptions
+from exo_tui.cluster.state import ClusterEvent, NodeLost, StatsUpdated
+from exo_tui.store.identity import ClusterKey, NodeIdentity
+
+
+class EventPrinter:
+    """Turns the node's events into lines: every change as JSON, or joins and losses as text."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.online: set[str] = set()
+        self.refused: set[tuple[str, str]] = set()  # report each refusal once, not every redial
+
+    def event(self, event: ClusterEvent) -> None:
+        match event:
+            case StatsUpdated(stats=stats):
+                joined = stats.node_id not in self.online
+                self.online.add(stats.node_id)
+                if self.as_json:
+                    self._json({"type": "peer_stats", "joined": joined, **stats.model_dump()})
+                elif joined:
+                    self._text(f"peer {stats.name} ({stats.node_id}) joined")
+            case NodeLost(node_id=node_id, reason=reason):
+                self.online.discard(node_id)
+                if self.as_json:
+                    self._json({"type": "peer_lost", "node_id": node_id, "reason": reason})
+                else:
+                    self._text(f"peer {node_id} lost: {reason}")
+            case _:
+                pass
+
+    def foreign(self, foreign: Foreign) -> None:
+        host = foreign.address.rsplit(":", 1)[0] if foreign.peer is None else foreign.peer.node_id
+        if (host, foreign.reason) in self.refused:
+            return
+        self.refused.add((host, foreign.reason))
+        peer = foreign.peer.model_dump() if foreign.peer else None
+        if self.as_json:
+            self._json({"type": "foreign", "address": foreign.address, "reason": foreign.reason,
+                        "peer": peer})  # fmt: skip
+        else:
+            self._text(f"refused {foreign.address}: {foreign.reason}")
+
+    def listening(self, identity: NodeIdentity, key: ClusterKey, port: int) -> None:
+        if self.as_json:
+            self._json({"type": "listening", "node_id": identity.node_id, "name": identity.name,
+                        "port": port, "fingerprint": key.fingerprint})  # fmt: skip
+        else:
+            self._text(
+                f"node {identity.name} ({identity.node_id}) listening on port {port}; "
+                f"cluster key fingerprint {key.fingerprint}"
+            )
+
+    def _json(self, payload: dict[str, object]) -> None:
+        print(json.dumps(payload), flush=True)
+
+    def _text(self, line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+
+async def serve(
+    identity: NodeIdentity,
+    key: ClusterKey,
+    options: NodeOptions,
+    models_dirs: list[Path] | None,
+    as_json: bool,
+) -> None:
+    from engine.models import find_models
+
+    printer = EventPrinter(as_json)
+    models = tuple(card.name for card in find_models(models_dirs))
+    node = Node(
+        identity,
+        key,
+        stats=lambda: local_node_stats(models, identity=identity),
+        on_event=printer.event,
+        options=options,
+        on_foreign=printer.foreign,
+    )
+    async with anyio.create_task_group() as tasks:
+        port = await tasks.start(node.run)
+        printer.listening(identity, key, port)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                tasks.cancel_scope.cancel()
+                break
+
+
+def run_node(
+    identity: NodeIdentity,
+    key: ClusterKey,
+    options: NodeOptions,
+    models_dirs: list[Path] | None,
+    as_json: bool,
+) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    anyio.run(serve, identity, key, options, models_dirs, as_json)
+    return 0
