@@ -1,4 +1,4 @@
-"""The `exo-tui` command: the TUI by default; `chat`, `models` and `key` for the shell."""
+"""The `exo-tui` command: the TUI by default; `node`, `chat`, `models` and `key` for the shell."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from exo_tui.cluster.node import ClusterSetup
 
 
 def _add_models_dir(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +24,29 @@ def _add_models_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_node_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=None, help="control port (default 52525)")
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="a peer to dial, for networks without multicast (repeatable)",
+    )
+    parser.add_argument(
+        "--interface",
+        action="append",
+        default=None,
+        metavar="ADDRESS",
+        help="bind the control port and mDNS to this address only (repeatable for mDNS)",
+    )
+    parser.add_argument("--key", help="the cluster key (default: EXO_TUI_KEY, then the stored key)")
+
+
+def _add_no_mdns(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-mdns", action="store_true", help="only dial the --peer addresses")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="exo-tui",
@@ -27,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", help="model to preselect (name or path)")
     parser.add_argument("--load", action="store_true", help="launch the model at start")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="join the cluster: show peers found by mDNS or named with --peer",
+    )
+    _add_node_options(parser)
+    _add_no_mdns(parser)
     _add_models_dir(parser)
     commands = parser.add_subparsers(dest="command")
 
@@ -62,24 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_models_dir(models)
 
     node = commands.add_parser("node", help="run this machine as a headless peer of the cluster")
-    node.add_argument("--port", type=int, default=None, help="control port (default 52525)")
-    node.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        metavar="HOST:PORT",
-        help="a peer to dial, for networks without multicast (repeatable)",
-    )
-    node.add_argument(
-        "--interface",
-        action="append",
-        default=None,
-        metavar="ADDRESS",
-        help="bind the control port and mDNS to this address only (repeatable for mDNS)",
-    )
-    node.add_argument("--key", help="the cluster key (default: EXO_TUI_KEY, then the stored key)")
+    _add_node_options(node)
+    _add_no_mdns(node)
     node.add_argument("--name", help="the name other nodes show (default: the host name)")
-    node.add_argument("--no-mdns", action="store_true", help="only dial the --peer addresses")
     node.add_argument("--json", action="store_true", help="JSON Lines on stdout, one per event")
     _add_models_dir(node)
 
@@ -125,11 +144,10 @@ def show_key(args: argparse.Namespace) -> int:
     return 0
 
 
-def start_node(args: argparse.Namespace) -> int:
-    """`exo-tui node`: check the options, then serve until Ctrl+C or SIGTERM."""
+def cluster_setup(args: argparse.Namespace) -> ClusterSetup:
+    """Identity, key and options of this node from the command line; EngineError when bad."""
     from engine.errors import EngineError
-    from exo_tui.cluster.node import DEFAULT_PORT, NodeOptions, parse_peer
-    from exo_tui.node_command import run_node
+    from exo_tui.cluster.node import DEFAULT_PORT, ClusterSetup, NodeOptions, parse_peer
     from exo_tui.store import identity
 
     for peer in args.peer:
@@ -146,8 +164,16 @@ def start_node(args: argparse.Namespace) -> int:
         interfaces=interfaces,
     )
     key = identity.load_cluster_key(args.key)
-    me = identity.load_node_identity(args.name)
-    return run_node(me, key, options, args.models_dir, args.json)
+    me = identity.load_node_identity(getattr(args, "name", None))
+    return ClusterSetup(identity=me, key=key, options=options)
+
+
+def start_node(args: argparse.Namespace) -> int:
+    """`exo-tui node`: check the options, then serve until Ctrl+C or SIGTERM."""
+    from exo_tui.node_command import run_node
+
+    setup = cluster_setup(args)
+    return run_node(setup.identity, setup.key, setup.options, args.models_dir, args.json)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,7 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return start_node(args)
         from exo_tui.app.main import run_app
 
-        return run_app(model=args.model, models_dirs=args.models_dir, load=args.load)
+        cluster = cluster_setup(args) if args.cluster else None
+        return run_app(
+            model=args.model, models_dirs=args.models_dir, load=args.load, cluster=cluster
+        )
     except EngineError as error:
         print(f"exo-tui: {error}", file=sys.stderr)
         return 2

@@ -15,6 +15,9 @@ import pytest
 
 from tests.tiny_models import ARCHITECTURES, build_tiny_model
 
+# `start`: real `exo-tui node` processes, for the cluster and app tests.
+pytest_plugins = ["tests.cluster.node_process"]
+
 TinyModelFactory = Callable[..., Path]
 
 

@@ -1,4 +1,4 @@
-"""The code stays typed and tidy: ruff over the tree, pyright strict over engine/ and the cluster."""
+"""The code stays typed and tidy: ruff over the tree, pyright strict on engine/ and the cluster."""
 
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
 from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
+from exo_tui.cluster.node import ClusterSetup, Foreign, Node
 from exo_tui.cluster.placement import Placement, PlacementError, Strategy, place
 from exo_tui.cluster.state import (
     ClusterEvent,
@@ -47,6 +48,7 @@ from exo_tui.cluster.state import (
     LoadProgressed,
     LoadStarted,
     ModelSelected,
+    NodesChosen,
     NodeSeen,
     NodeStats,
     StatsUpdated,
@@ -109,8 +111,11 @@ class ExoTuiApp(App[None]):
         chat_db: Path | None = None,
         node_stats: Callable[[Sequence[str]], NodeStats] = local_node_stats,
         bundled: bool = True,
+        cluster: ClusterSetup | None = None,
     ) -> None:
         super().__init__()
+        self._cluster = cluster
+        self._refused: set[str] = set()
         self._bundled = bundled
         self._node_stats = node_stats
         self._preselect = model
@@ -152,7 +157,43 @@ class ExoTuiApp(App[None]):
         self.set_interval(1.0, self._refresh_local_stats)
         self._open_store()
         self._find_models()
+        if self._cluster is not None:
+            # Until launches span nodes, place on this node; F2 previews every node.
+            self.dispatch(NodesChosen(node_ids=(self.local_id,)))
+            self.run_worker(self._serve_cluster(self._cluster), group="cluster", exclusive=True)
         self.query_one(PromptInput).focus()
+
+    async def _serve_cluster(self, setup: ClusterSetup) -> None:
+        """This app as a node of the cluster: peers' stats and losses go into the state."""
+        node = Node(
+            setup.identity,
+            setup.key,
+            stats=lambda: self._node_stats(tuple(c.name for c in self.cards)),
+            on_event=self.dispatch,
+            options=setup.options,
+            on_foreign=self._foreign,
+        )
+        try:
+            await node.run()
+        except OSError as error:
+            self.notify(
+                f"The cluster is off: cannot listen on port {setup.options.port} ({error}). "
+                "Start exo-tui with --port N to use another port.",
+                severity="error",
+                timeout=15,
+            )
+
+    def _foreign(self, foreign: Foreign) -> None:
+        who = foreign.peer.node_id if foreign.peer else foreign.address.rsplit(":", 1)[0]
+        if who not in self._refused:
+            self._refused.add(who)
+            self.notify(f"Refused {foreign.address}: {foreign.reason}", severity="warning")
+
+    def action_toggle_nodes(self) -> None:
+        """Place on every online node, or on this one only."""
+        every = self.state.chosen_nodes is not None
+        self.dispatch(NodesChosen(node_ids=None if every else (self.local_id,)))
+        self.notify("Placing on every online node." if every else "Placing on this node only.")
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
@@ -535,7 +576,18 @@ class ExoTuiApp(App[None]):
 
 
 def run_app(
-    model: str | None = None, models_dirs: list[Path] | None = None, load: bool = False
+    model: str | None = None,
+    models_dirs: list[Path] | None = None,
+    load: bool = False,
+    cluster: ClusterSetup | None = None,
 ) -> int:
-    ExoTuiApp(model=model, models_dirs=models_dirs, load=load).run()
+    identity = cluster.identity if cluster is not None else None
+
+    def node_stats(models: Sequence[str]) -> NodeStats:
+        return local_node_stats(models, identity=identity)
+
+    app = ExoTuiApp(
+        model=model, models_dirs=models_dirs, load=load, node_stats=node_stats, cluster=cluster
+    )
+    app.run()
     return 0

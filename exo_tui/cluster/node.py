@@ -79,6 +79,15 @@ def parse_peer(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+@dataclass(frozen=True)
+class ClusterSetup:
+    """Who this node is, the key it proves, and how it reaches peers: all a Node needs to run."""
+
+    identity: NodeIdentity
+    key: ClusterKey
+    options: NodeOptions = field(default_factory=NodeOptions)
+
+
 @dataclass
 class _Session:
     peer: PeerInfo
