@@ -112,6 +112,7 @@ class _Rank:
     joining_until: float | None = None  # set while MLX's ring start-up blocks the runner
     exit_code: int | None = None
     reported: bool = False  # said RankFailed: its exit adds nothing
+    index: int = 0  # its place in LocalRing._ranks, which its events are queued under
 
 
 def free_ports(count: int) -> list[int]:
@@ -144,7 +145,11 @@ def _close_live_rings() -> None:
 
 
 class LocalRing:
-    """N runners on this machine, one per spec. Nothing starts until load().
+    """Runners on this machine, one per spec. Nothing starts until load().
+
+    Without `hosts` the specs are the whole ring, on 127.0.0.1. With `hosts` (one "host:port"
+    per rank of a ring that spans machines) the specs are this machine's ranks of it; the ring's
+    other ranks run elsewhere, and chat() then yields chunks only if rank 0 is here.
 
     start_timeout: a runner's first message (Python and MLX imports); silence_timeout: then
     the longest a rank may say nothing (it heartbeats every 0.5 s); join_timeout: the ring's
@@ -159,10 +164,15 @@ class LocalRing:
         start_timeout: float = 60.0,
         silence_timeout: float = 10.0,
         join_timeout: float = 60.0,
+        hosts: Sequence[str] | None = None,
     ) -> None:
-        check_shard_specs(card, specs)  # before anything starts
+        if hosts is None:
+            check_shard_specs(card, specs)  # before anything starts
+        elif not specs or any(not 0 <= s.rank < len(hosts) for s in specs):
+            raise ValueError(f"ranks {[s.rank for s in specs]} are not ranks of {len(hosts)} hosts")
         self.card = card
         self.specs = list(specs)
+        self.hosts = list(hosts) if hosts is not None else None
         self.start_timeout = start_timeout
         self.silence_timeout = silence_timeout
         self.join_timeout = join_timeout
@@ -177,6 +187,7 @@ class LocalRing:
 
     @property
     def world_size(self) -> int:
+        """The ranks this ring supervises (those on this machine)."""
         return len(self.specs)
 
     @property
@@ -197,8 +208,8 @@ class LocalRing:
         _live.add(self)
         self._folder = Path(tempfile.mkdtemp(prefix="exo-tui-ring-"))
         hostfile = self._folder / "hosts.json"
-        ports = free_ports(self.world_size)
-        hostfile.write_text(json.dumps([[f"127.0.0.1:{port}"] for port in ports]))
+        hosts = self.hosts or [f"127.0.0.1:{port}" for port in free_ports(self.world_size)]
+        hostfile.write_text(json.dumps([[host] for host in hosts]))
         try:
             for spec in self.specs:
                 self._ranks.append(self._launch(spec.rank, hostfile))
@@ -222,7 +233,7 @@ class LocalRing:
             if isinstance(error, _Ring):
                 raise RingError(str(error), "Load the model again") from None
             raise
-        self.ready = [ready[rank] for rank in range(self.world_size)]
+        self.ready = [ready[index] for index in range(self.world_size)]
         return self.ready
 
     def chat(self, request: ChatRequest, cancel: CancelToken | None = None) -> Generator[Chunk]:
@@ -312,7 +323,9 @@ class LocalRing:
         return self._popen(rank, [sys.executable, "-m", "exo_tui.cluster.runner"], env)
 
     def _popen(self, rank: int, argv: list[str], env: dict[str, str]) -> _Rank:
+        """Start `argv` as `rank`; its events are queued under its index in `_ranks`."""
         assert self._folder is not None
+        index = len(self._ranks)
         log = self._folder / f"rank-{rank}.log"
         with log.open("wb") as stderr:
             process = subprocess.Popen(
@@ -326,17 +339,17 @@ class LocalRing:
             )
         assert process.stdout is not None
         threading.Thread(
-            target=self._read, args=(rank, process.stdout, process), daemon=True
+            target=self._read, args=(index, process.stdout, process), daemon=True
         ).start()
-        return _Rank(rank=rank, process=process, log=log, started=time.monotonic())
+        return _Rank(rank=rank, process=process, log=log, started=time.monotonic(), index=index)
 
-    def _read(self, rank: int, stream: IO[bytes], process: subprocess.Popen[bytes]) -> None:
+    def _read(self, index: int, stream: IO[bytes], process: subprocess.Popen[bytes]) -> None:
         for line in stream:
             try:
-                self._events.put((rank, decode_event(line)))
+                self._events.put((index, decode_event(line)))
             except ValidationError:
-                self._events.put((rank, _Garbled(line.decode(errors="replace")[:200])))
-        self._events.put((rank, _Exited(process.wait())))
+                self._events.put((index, _Garbled(line.decode(errors="replace")[:200])))
+        self._events.put((index, _Exited(process.wait())))
 
     def _send(self, rank: _Rank, command: Frozen) -> None:
         if not self._send_quietly(rank, encode(command)):
@@ -408,6 +421,7 @@ class LocalRing:
     def _note(self, index: int, event: RunnerEvent | _Exited | _Garbled) -> str | None:
         """Record what `event` says about its rank; a description when it is a fault."""
         rank = self._ranks[index]
+        number = rank.rank
         now = time.monotonic()
         rank.last_heard = now
         match event:
@@ -417,19 +431,19 @@ class LocalRing:
                 rank.joining_until = None
             case RankFailed(reason=reason):
                 rank.reported = True
-                return f"rank {index} failed: {reason}"
+                return f"rank {number} failed: {reason}"
             case _Garbled(line=line):
-                return f"rank {index} sent something that is not a runner message: {line!r}"
+                return f"rank {number} sent something that is not a runner message: {line!r}"
             case _Exited(returncode=code):
                 rank.exit_code = code
                 if rank.reported:
                     return None
                 if rank.joining_until is not None:
                     return (
-                        f"rank {index} could not join the ring within {self.join_timeout:g} s "
+                        f"rank {number} could not join the ring within {self.join_timeout:g} s "
                         "(a peer never connected)"
                     )
-                return f"rank {index} {_describe_exit(code)}{_log_tail(rank.log)}"
+                return f"rank {number} {_describe_exit(code)}{_log_tail(rank.log)}"
             case RankHeartbeat():
                 pass
             case _:
