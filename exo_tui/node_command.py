@@ -93,6 +93,7 @@ async def serve(
         on_event=printer.event,
         options=options,
         on_foreign=printer.foreign,
+        models_dirs=models_dirs,
     )
     async with anyio.create_task_group() as tasks:
         port = await tasks.start(node.run)

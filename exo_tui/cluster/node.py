@@ -20,20 +20,36 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 import anyio.abc
 
+from exo_tui.cluster.coordinator import Coordinator
 from exo_tui.cluster.discovery import Advert, Discovery, PeerFound, PeerRemoved
+from exo_tui.cluster.hosting import RankHost
 from exo_tui.cluster.protocol import (
     PROTOCOL_VERSION,
+    CancelChat,
+    ChatFinished,
+    ChatFrame,
+    ChunkFrame,
+    Frame,
     FrameStream,
     Goodbye,
     HandshakeRefused,
     Heartbeat,
+    InstanceFailed,
+    InstanceStopped,
+    LaunchRanks,
     PeerInfo,
+    PortsReserved,
     ProtocolError,
+    RanksProgress,
+    RanksReady,
+    ReservePorts,
     StatsFrame,
+    StopInstance,
     handshake_client,
     handshake_server,
 )
@@ -92,6 +108,9 @@ class ClusterSetup:
 class _Session:
     peer: PeerInfo
     dialer: str  # node id of the side that dialed
+    frames: FrameStream
+    remote_host: str  # the peer's address on this connection: where the ring reaches it
+    local_host: str  # ours
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
 
@@ -106,6 +125,8 @@ class Node:
         on_event: Callable[[ClusterEvent], None],
         options: NodeOptions | None = None,
         on_foreign: Callable[[Foreign], None] | None = None,
+        models_dirs: Sequence[Path] | None = None,
+        include_bundled: bool = True,
     ) -> None:
         self.identity = identity
         self.key = key
@@ -116,6 +137,10 @@ class Node:
         self._sessions: dict[str, _Session] = {}
         self._dialing: set[tuple[str, int]] = set()
         self.port = self.options.port
+        self.models_dirs = models_dirs
+        self.include_bundled = include_bundled
+        self.coordinator = Coordinator(self.send_to, self.address_of, on_event)
+        self.host: RankHost | None = None
 
     @property
     def peers(self) -> tuple[PeerInfo, ...]:
@@ -131,12 +156,20 @@ class Node:
         )
         self.port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
         async with listener, anyio.create_task_group() as tasks:
+            self.host = RankHost(
+                self.identity.name, self.models_dirs, self.send_to, tasks, self.include_bundled
+            )
             tasks.start_soon(listener.serve, self._accept)
             for text in self.options.peers:
                 tasks.start_soon(self._dial_forever, *parse_peer(text))
             if self.options.mdns:
                 tasks.start_soon(self._discover, tasks)
             task_status.started(self.port)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.host.stop_all()  # no runner outlives its node
 
     # ------------------------------------------------------------------ connections
 
@@ -159,7 +192,7 @@ class Node:
             log.warning("connection from %s closed during the handshake: %s", address, error)
             await frames.aclose()
             return
-        await self._session(frames, peer, dialer=peer.node_id)
+        await self._session(frames, peer, peer.node_id, *_hosts(stream))
 
     async def _dial_forever(self, host: str, port: int) -> None:
         """Keep a session with the peer at host:port, redialing with a growing pause."""
@@ -196,7 +229,7 @@ class Node:
             log.warning("handshake with %s failed: %s", address, error)
             await frames.aclose()
             return False
-        await self._session(frames, peer, dialer=self.identity.node_id)
+        await self._session(frames, peer, self.identity.node_id, *_hosts(stream))
         return True
 
     def _refused(self, address: str, refused: HandshakeRefused) -> None:
@@ -238,8 +271,10 @@ class Node:
 
     # ------------------------------------------------------------------ sessions
 
-    async def _session(self, frames: FrameStream, peer: PeerInfo, dialer: str) -> None:
-        session = _Session(peer=peer, dialer=dialer)
+    async def _session(
+        self, frames: FrameStream, peer: PeerInfo, dialer: str, remote: str, local: str
+    ) -> None:
+        session = _Session(peer, dialer, frames, remote_host=remote, local_host=local)
         if not self._claim(session):
             await _close(frames, DUPLICATE)
             return
@@ -255,8 +290,11 @@ class Node:
         finally:
             if self._sessions.get(peer.node_id) is session:
                 del self._sessions[peer.node_id]
+                if self.host is not None:
+                    self.host.coordinator_lost(peer.node_id)
                 if reason is not None:
                     self._on_event(NodeLost(node_id=peer.node_id, reason=reason))
+                    self.coordinator.node_lost(peer.node_id, peer.name, reason)
             await _close(frames, "" if ended else "node shutting down")
 
     def _claim(self, session: _Session) -> bool:
@@ -268,6 +306,46 @@ class Node:
             current.scope.cancel()
         self._sessions[session.peer.node_id] = session
         return True
+
+    # ------------------------------------------------------------------ instances
+
+    async def send_to(self, node_id: str, frame: Frame) -> None:
+        """Send `frame` to a peer, or hand it to this node's own host or coordinator."""
+        if node_id == self.identity.node_id:
+            match frame:
+                case ReservePorts() | LaunchRanks() | ChatFrame() | CancelChat() | StopInstance():
+                    if self.host is not None:
+                        self.host.handle(node_id, frame)
+                case (
+                    PortsReserved()
+                    | RanksProgress()
+                    | RanksReady()
+                    | InstanceFailed()
+                    | ChunkFrame()
+                    | ChatFinished()
+                    | InstanceStopped()
+                ):
+                    self.coordinator.feed(node_id, frame)
+                case _:
+                    pass
+            return
+        session = self._sessions.get(node_id)
+        if session is None:
+            self.coordinator.node_lost(node_id, node_id, "is not connected")
+            return
+        try:
+            await session.frames.send(frame)
+        except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as error:
+            log.warning("could not send to %s: %s", session.peer.name, error)
+
+    def address_of(self, node_id: str) -> str:
+        """Where the other nodes reach `node_id`: its address on our session with it, or for
+        this node, our own address on those sessions."""
+        session = self._sessions.get(node_id)
+        if session is not None:
+            return session.remote_host
+        local = [s.local_host for s in self._sessions.values()]
+        return local[0] if local else "127.0.0.1"
 
     def _preferred(self, session: _Session) -> bool:
         """Whether `session` was dialed by the smaller of its two node ids."""
@@ -295,6 +373,21 @@ class Node:
                         self._on_event(StatsUpdated(stats=stats, at=time.time()))
                     case Heartbeat():
                         pass
+                    case (
+                        ReservePorts() | LaunchRanks() | ChatFrame() | CancelChat() | StopInstance()
+                    ):
+                        if self.host is not None:
+                            self.host.handle(peer.node_id, frame)
+                    case (
+                        PortsReserved()
+                        | RanksProgress()
+                        | RanksReady()
+                        | InstanceFailed()
+                        | ChunkFrame()
+                        | ChatFinished()
+                        | InstanceStopped()
+                    ):
+                        self.coordinator.feed(peer.node_id, frame)
                     case Goodbye(reason=reason):
                         if reason == DUPLICATE:
                             return None
@@ -316,6 +409,16 @@ async def _close(frames: FrameStream, reason: str) -> None:
             with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await frames.send(Goodbye(reason=reason))
         await frames.aclose()
+
+
+def _hosts(stream: anyio.abc.SocketStream) -> tuple[str, str]:
+    """(remote, local) IP addresses of a connection."""
+    try:
+        remote = str(stream.extra(anyio.abc.SocketAttribute.remote_address)[0])
+        local = str(stream.extra(anyio.abc.SocketAttribute.local_address)[0])
+    except (anyio.TypedAttributeLookupError, IndexError, TypeError):
+        return "127.0.0.1", "127.0.0.1"
+    return remote, local
 
 
 def _remote(stream: anyio.abc.SocketStream) -> str:

@@ -36,7 +36,8 @@ import anyio
 import anyio.abc
 from pydantic import Field, FiniteFloat, TypeAdapter, ValidationError
 
-from engine.types import Frozen
+from engine.parallel import ShardSpec
+from engine.types import ChatRequest, Chunk, Frozen
 from exo_tui.cluster.state import NodeStats
 
 PROTOCOL_VERSION = 1
@@ -112,9 +113,128 @@ class Goodbye(Frozen):
     reason: str = ""
 
 
+# Instances: the coordinator (the node the user drives) asks the nodes of a placement for ring
+# ports, launches their ranks, sends chats and stops them; nodes answer with progress, chunks
+# (the node of rank 0) and failures. A node loads only models from its own store, by name.
+
+
+class ReservePorts(Frozen):
+    """Coordinator -> node: hold a free TCP port for each of `count` ranks of `instance_id`."""
+
+    type: Literal["reserve_ports"] = "reserve_ports"
+    instance_id: str = Field(min_length=1)
+    count: int = Field(ge=1, le=64)
+
+
+class PortsReserved(Frozen):
+    type: Literal["ports_reserved"] = "ports_reserved"
+    instance_id: str
+    ports: tuple[int, ...]
+
+
+class LaunchRanks(Frozen):
+    """Coordinator -> node: join the ring `hosts` (one "host:port" per rank) as `specs`' ranks,
+    loading the model called `model` from the node's own store."""
+
+    type: Literal["launch_ranks"] = "launch_ranks"
+    instance_id: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    specs: tuple[ShardSpec, ...] = Field(min_length=1)
+    hosts: tuple[str, ...] = Field(min_length=1)
+    join_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+
+
+class RanksProgress(Frozen):
+    """Node -> coordinator: layers loaded so far by the node's ranks, of their total."""
+
+    type: Literal["ranks_progress"] = "ranks_progress"
+    instance_id: str
+    layers_loaded: int = Field(ge=0)
+    total: int = Field(ge=0)
+
+
+class RanksReady(Frozen):
+    type: Literal["ranks_ready"] = "ranks_ready"
+    instance_id: str
+    total: int = Field(ge=0)
+
+
+class InstanceFailed(Frozen):
+    """Either way: the instance cannot go on (the node's ranks are stopped), and why."""
+
+    type: Literal["instance_failed"] = "instance_failed"
+    instance_id: str
+    reason: str = Field(min_length=1)
+
+
+class ChatFrame(Frozen):
+    type: Literal["chat"] = "chat"
+    instance_id: str
+    request_id: int = Field(ge=0)
+    request: ChatRequest
+
+
+class ChunkFrame(Frozen):
+    """Node of rank 0 -> coordinator: one chunk of the answer."""
+
+    type: Literal["chunk"] = "chunk"
+    instance_id: str
+    request_id: int
+    chunk: Chunk
+
+
+class ChatFinished(Frozen):
+    """Node -> coordinator: every rank of this node is done with the request."""
+
+    type: Literal["chat_finished"] = "chat_finished"
+    instance_id: str
+    request_id: int
+
+
+class CancelChat(Frozen):
+    type: Literal["cancel_chat"] = "cancel_chat"
+    instance_id: str
+    request_id: int
+
+
+class StopInstance(Frozen):
+    """Coordinator -> node: stop and unload the instance's ranks."""
+
+    type: Literal["stop_instance"] = "stop_instance"
+    instance_id: str
+
+
+class InstanceStopped(Frozen):
+    type: Literal["instance_stopped"] = "instance_stopped"
+    instance_id: str
+
+
+InstanceFrame = (
+    ReservePorts
+    | PortsReserved
+    | LaunchRanks
+    | RanksProgress
+    | RanksReady
+    | InstanceFailed
+    | ChatFrame
+    | ChunkFrame
+    | ChatFinished
+    | CancelChat
+    | StopInstance
+    | InstanceStopped
+)
+
 # A new frame is a Frozen model with its own `type` literal, added to this union.
 Frame = Annotated[
-    Hello | Challenge | Proof | Welcome | Refused | Heartbeat | StatsFrame | Goodbye,
+    Hello
+    | Challenge
+    | Proof
+    | Welcome
+    | Refused
+    | Heartbeat
+    | StatsFrame
+    | Goodbye
+    | InstanceFrame,
     Field(discriminator="type"),
 ]
 

@@ -1,0 +1,297 @@
+"""The coordinator: turns a placement into a running MLX ring across nodes, and chats with it.
+
+    await coordinator.launch(placement, card)       # ClusterEvents report each node's layers
+    async for chunk in coordinator.chat(request, cancel):
+        ...
+    await coordinator.stop()
+
+Launching reserves a ring port on every node of the placement, writes the ring's host list
+(each node at the address the others reach it on), and asks every node to start its ranks; a
+node loads the model from its own store by name. Chats go to every rank (they run in
+lockstep); the answer comes from the node of rank 0. When a node fails or is lost, the others
+are told to stop at once, so no rank is left waiting on the ring.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from engine.errors import EngineError
+from engine.parallel import ShardSpec
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, ModelCard, Stats, Usage
+from exo_tui.cluster.placement import Placement
+from exo_tui.cluster.protocol import (
+    CancelChat,
+    ChatFinished,
+    ChatFrame,
+    ChunkFrame,
+    Frame,
+    InstanceFailed,
+    InstanceStopped,
+    LaunchRanks,
+    PortsReserved,
+    RanksProgress,
+    RanksReady,
+    ReservePorts,
+    StopInstance,
+)
+from exo_tui.cluster.state import (
+    ClusterEvent,
+    LoadFailed,
+    LoadFinished,
+    LoadProgressed,
+    LoadStarted,
+    Unloaded,
+)
+
+CoordinatorFrame = (
+    PortsReserved | RanksProgress | RanksReady | InstanceFailed | ChunkFrame | ChatFinished
+    | InstanceStopped
+)  # fmt: skip
+Send = Callable[[str, Frame], Coroutine[Any, Any, None]]
+Address = Callable[[str], str]  # node id -> the address the ring reaches it on
+
+RESERVE_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+
+
+class ClusterError(EngineError):
+    """The instance could not be launched or kept running; its ranks are stopped."""
+
+
+@dataclass
+class _Instance:
+    instance_id: str
+    placement: Placement
+    card: ModelCard
+    failed: str | None = None
+    next_request: int = 0
+    ranks_of: dict[str, list[int]] = field(default_factory=lambda: {})
+
+    @property
+    def node_ids(self) -> list[str]:
+        return list(self.ranks_of)
+
+    @property
+    def speaker(self) -> str:
+        """The node of rank 0, which sends the answer."""
+        return next(n for n, ranks in self.ranks_of.items() if 0 in ranks)
+
+
+class Coordinator:
+    """Launches, chats with and stops one instance at a time, through the node's sessions."""
+
+    def __init__(
+        self, send: Send, address: Address, on_event: Callable[[ClusterEvent], None]
+    ) -> None:
+        self._send = send
+        self._address = address
+        self._on_event = on_event
+        self.instance: _Instance | None = None
+        inbox = anyio.create_memory_object_stream[tuple[str, CoordinatorFrame]](math.inf)
+        self._inbox_in: MemoryObjectSendStream[tuple[str, CoordinatorFrame]] = inbox[0]
+        self._inbox: MemoryObjectReceiveStream[tuple[str, CoordinatorFrame]] = inbox[1]
+
+    # ------------------------------------------------------------------ from the node
+
+    def feed(self, node_id: str, frame: CoordinatorFrame) -> None:
+        """A frame from a node about the instance (ignored when it is about another one)."""
+        if self.instance is not None and frame.instance_id == self.instance.instance_id:
+            self._inbox_in.send_nowait((node_id, frame))
+
+    def node_lost(self, node_id: str, name: str, reason: str) -> None:
+        instance = self.instance
+        if instance is not None and node_id in instance.ranks_of:
+            failed = InstanceFailed(
+                instance_id=instance.instance_id, reason=f"node {name} {reason}"
+            )
+            self._inbox_in.send_nowait((node_id, failed))
+
+    # ------------------------------------------------------------------ launch
+
+    async def launch(
+        self, placement: Placement, card: ModelCard, join_timeout_s: float = 60.0
+    ) -> None:
+        """Start the ring of `placement`; returns when every node is ready, raises ClusterError
+        (every node stopped) when one fails or is lost."""
+        if self.instance is not None:
+            await self.stop()
+        instance = _Instance(uuid.uuid4().hex[:12], placement, card)
+        for shard in sorted(placement.shards, key=lambda s: s.rank):
+            instance.ranks_of.setdefault(shard.node_id, []).append(shard.rank)
+        self.instance = instance
+        try:
+            hosts = await self._reserve(instance)
+            world = len(placement.shards)
+            for node_id in instance.ranks_of:
+                shards = [s for s in placement.shards if s.node_id == node_id]
+                specs = tuple(
+                    ShardSpec(strategy=placement.strategy, start_layer=s.start_layer,
+                              end_layer=s.end_layer, rank=s.rank, world_size=world)
+                    for s in shards
+                )  # fmt: skip
+                total = sum(s.num_layers for s in specs)
+                self._on_event(LoadStarted(node_id=node_id, model=card.name, total=total))
+                launch = LaunchRanks(
+                    instance_id=instance.instance_id,
+                    model=card.name,
+                    specs=specs,
+                    hosts=hosts,
+                    join_timeout_s=join_timeout_s,
+                )
+                await self._send(node_id, launch)
+            await self._until_ready(instance)
+        except ClusterError:
+            raise
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._fail(instance, "the launch was cancelled")
+            raise
+
+    async def _reserve(self, instance: _Instance) -> tuple[str, ...]:
+        for node_id, ranks in instance.ranks_of.items():
+            await self._send(
+                node_id, ReservePorts(instance_id=instance.instance_id, count=len(ranks))
+            )
+        ports: dict[str, tuple[int, ...]] = {}
+        with anyio.move_on_after(RESERVE_TIMEOUT_S):
+            while len(ports) < len(instance.ranks_of):
+                node_id, frame = await self._inbox.receive()
+                match frame:
+                    case PortsReserved(ports=reserved):
+                        ports[node_id] = reserved
+                    case InstanceFailed(reason=reason):
+                        await self._fail(instance, reason, node_id)
+                    case _:
+                        pass
+        missing = [n for n in instance.ranks_of if n not in ports]
+        if missing:
+            await self._fail(
+                instance,
+                f"no ring port from node {missing[0]} within {RESERVE_TIMEOUT_S:g} s",
+                missing[0],
+            )
+        hosts: dict[int, str] = {}
+        for node_id, ranks in instance.ranks_of.items():
+            for rank, port in zip(ranks, ports[node_id], strict=True):
+                hosts[rank] = f"{self._address(node_id)}:{port}"
+        return tuple(hosts[rank] for rank in range(len(hosts)))
+
+    async def _until_ready(self, instance: _Instance) -> None:
+        ready: set[str] = set()
+        while len(ready) < len(instance.ranks_of):
+            node_id, frame = await self._inbox.receive()
+            match frame:
+                case RanksProgress(layers_loaded=loaded, total=total):
+                    self._on_event(
+                        LoadProgressed(node_id=node_id, layers_loaded=loaded, total=total)
+                    )
+                case RanksReady(total=total):
+                    ready.add(node_id)
+                    self._on_event(
+                        LoadProgressed(node_id=node_id, layers_loaded=total, total=total)
+                    )
+                    self._on_event(
+                        LoadFinished(node_id=node_id, model=instance.card.name, total=total)
+                    )
+                case InstanceFailed(reason=reason):
+                    await self._fail(instance, reason, node_id)
+                case _:
+                    pass
+
+    # ------------------------------------------------------------------ chat
+
+    async def chat(
+        self, request: ChatRequest, cancel: anyio.Event | None = None
+    ) -> AsyncGenerator[Chunk]:
+        """Rank 0's chunks; the last is a DoneChunk. A failure ends it with an ErrorChunk."""
+        instance = self.instance
+        if instance is None or instance.failed is not None:
+            for chunk in from_error("No model is running on the cluster"):
+                yield chunk
+            return
+        instance.next_request += 1
+        rid = instance.next_request
+        for node_id in instance.node_ids:
+            await self._send(
+                node_id,
+                ChatFrame(instance_id=instance.instance_id, request_id=rid, request=request),
+            )
+        finished: set[str] = set()
+        cancelled = False
+        while len(finished) < len(instance.ranks_of):
+            if cancel is not None and cancel.is_set() and not cancelled:
+                cancelled = True
+                for node_id in instance.node_ids:
+                    await self._send(
+                        node_id, CancelChat(instance_id=instance.instance_id, request_id=rid)
+                    )
+            with anyio.move_on_after(0.1):
+                node_id, frame = await self._inbox.receive()
+                match frame:
+                    case ChunkFrame(request_id=r, chunk=chunk) if (
+                        r == rid and node_id == instance.speaker
+                    ):
+                        yield chunk
+                    case ChatFinished(request_id=r) if r == rid:
+                        finished.add(node_id)
+                    case InstanceFailed(reason=reason):
+                        try:
+                            await self._fail(instance, reason, node_id)
+                        except ClusterError as error:
+                            for chunk in from_error(str(error)):
+                                yield chunk
+                        return
+                    case _:
+                        pass
+
+    # ------------------------------------------------------------------ stop
+
+    async def stop(self) -> None:
+        """Stop every node's ranks and wait (a while) for them to say so."""
+        instance = self.instance
+        if instance is None:
+            return
+        self.instance = None
+        await self._stop_nodes(instance, wait=True)
+
+    async def _stop_nodes(self, instance: _Instance, wait: bool, skip: str | None = None) -> None:
+        pending = {n for n in instance.node_ids if n != skip}
+        for node_id in pending:
+            await self._send(node_id, StopInstance(instance_id=instance.instance_id))
+        if wait:
+            with anyio.move_on_after(STOP_TIMEOUT_S):
+                while pending:
+                    node_id, frame = await self._inbox.receive()
+                    if isinstance(frame, InstanceStopped):
+                        pending.discard(node_id)
+        for node_id in pending:  # a failed node keeps showing why
+            self._on_event(Unloaded(node_id=node_id))
+
+    async def _fail(self, instance: _Instance, reason: str, node_id: str | None = None) -> None:
+        """Mark the instance failed, stop every other node, and raise ClusterError."""
+        instance.failed = reason
+        if node_id is not None:
+            self._on_event(LoadFailed(node_id=node_id, reason=reason))
+        self.instance = None
+        await self._stop_nodes(instance, wait=False, skip=node_id)
+        raise ClusterError(reason, "Place the model again on the nodes that are left")
+
+
+def from_error(message: str) -> list[Chunk]:
+    return [
+        ErrorChunk(message=message),
+        DoneChunk(
+            finish_reason="error",
+            usage=Usage(prompt_tokens=0, completion_tokens=0),
+            stats=Stats(ttft_s=0.0, prefill_tps=0.0, decode_tps=0.0, peak_memory_bytes=0),
+            token_ids=(),
+        ),
+    ]

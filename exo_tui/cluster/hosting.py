@@ -1,0 +1,214 @@
+"""A node's side of an instance: the ranks a coordinator asked it to run, and their runners.
+
+A coordinator reserves ring ports, then launches: the node loads the model called by name from
+its own store (never a path a peer sent) as its ranks of the ring, in a LocalRing whose blocking
+calls run in worker threads. Progress, rank 0's chunks and failures go back to the coordinator.
+When the coordinator goes away, its instances stop: no runner outlives the session that made it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+import anyio.to_thread
+
+from engine.errors import EngineError
+from engine.models import find_models
+from engine.types import ModelCard
+from exo_tui.cluster.protocol import (
+    CancelChat,
+    ChatFinished,
+    ChatFrame,
+    ChunkFrame,
+    Frame,
+    InstanceFailed,
+    InstanceStopped,
+    LaunchRanks,
+    PortsReserved,
+    RanksProgress,
+    RanksReady,
+    ReservePorts,
+    StopInstance,
+)
+from exo_tui.cluster.ranks import LocalRing, RingError
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str, Frame], Coroutine[Any, Any, None]]  # (peer node id, frame)
+HostCommand = ReservePorts | LaunchRanks | ChatFrame | CancelChat | StopInstance
+
+
+def reserve_ports(count: int, host: str = "0.0.0.0") -> list[int]:
+    """Ports free on `host` now, held open together so they differ."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass
+class _Hosted:
+    instance_id: str
+    coordinator: str
+    ring: LocalRing | None = None
+    cancels: dict[int, threading.Event] = field(default_factory=lambda: {})
+    stopped: bool = False
+
+
+class RankHost:
+    """Runs the ranks coordinators ask this node for, one LocalRing per instance."""
+
+    def __init__(
+        self,
+        node_name: str,
+        models_dirs: Sequence[Path] | None,
+        send: Send,
+        tasks: anyio.abc.TaskGroup,
+        include_bundled: bool = True,
+    ) -> None:
+        self.node_name = node_name
+        self.models_dirs = models_dirs
+        self.include_bundled = include_bundled
+        self._send = send
+        self._tasks = tasks
+        self._hosted: dict[str, _Hosted] = {}
+
+    @property
+    def instances(self) -> tuple[str, ...]:
+        return tuple(self._hosted)
+
+    def handle(self, coordinator: str, frame: HostCommand) -> None:
+        """Act on a coordinator's command; long work runs in its own task."""
+        match frame:
+            case ReservePorts(instance_id=iid, count=count):
+                self._hosted.setdefault(iid, _Hosted(iid, coordinator))
+                ports = tuple(reserve_ports(count))
+                self._tasks.start_soon(
+                    self._send, coordinator, PortsReserved(instance_id=iid, ports=ports)
+                )
+            case LaunchRanks():
+                self._tasks.start_soon(self._launch, coordinator, frame)
+            case ChatFrame():
+                self._tasks.start_soon(self._chat, coordinator, frame)
+            case CancelChat(instance_id=iid, request_id=rid):
+                hosted = self._hosted.get(iid)
+                if hosted is not None and rid in hosted.cancels:
+                    hosted.cancels[rid].set()
+            case StopInstance(instance_id=iid):
+                self._tasks.start_soon(self._stop, iid, True)
+
+    def coordinator_lost(self, coordinator: str) -> None:
+        """Stop every instance `coordinator` started: nobody is left to drive it."""
+        for hosted in list(self._hosted.values()):
+            if hosted.coordinator == coordinator:
+                self._tasks.start_soon(self._stop, hosted.instance_id, False)
+
+    async def stop_all(self) -> None:
+        for instance_id in list(self._hosted):
+            await self._stop(instance_id, False)
+
+    # ------------------------------------------------------------------ commands
+
+    def _card(self, name: str) -> ModelCard | None:
+        cards = find_models(self.models_dirs, include_bundled=self.include_bundled)
+        return next((card for card in cards if card.name == name), None)
+
+    async def _launch(self, coordinator: str, frame: LaunchRanks) -> None:
+        iid = frame.instance_id
+        hosted = self._hosted.setdefault(iid, _Hosted(iid, coordinator))
+        card = await anyio.to_thread.run_sync(self._card, frame.model)
+        if card is None:
+            await self._failed(hosted, f"node {self.node_name} has no model called {frame.model}")
+            return
+        try:
+            ring = LocalRing(
+                card, frame.specs, hosts=frame.hosts, join_timeout=frame.join_timeout_s
+            )
+        except (ValueError, EngineError) as error:
+            await self._failed(hosted, f"node {self.node_name} cannot run those ranks: {error}")
+            return
+        hosted.ring = ring
+        per_rank = {spec.rank: 0 for spec in frame.specs}
+        total = sum(spec.num_layers for spec in frame.specs)
+
+        def load() -> None:
+            for progress in ring.load():
+                per_rank[progress.rank] = progress.layers_loaded
+                report = RanksProgress(
+                    instance_id=iid, layers_loaded=sum(per_rank.values()), total=total
+                )
+                anyio.from_thread.run(self._send, coordinator, report)
+
+        try:
+            await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
+        except RingError as error:
+            await self._failed(hosted, f"node {self.node_name}: {error}")
+            return
+        if hosted.stopped:
+            return
+        await self._send(coordinator, RanksReady(instance_id=iid, total=total))
+
+    async def _chat(self, coordinator: str, frame: ChatFrame) -> None:
+        hosted = self._hosted.get(frame.instance_id)
+        if hosted is None or hosted.ring is None or not hosted.ring.ready:
+            reason = f"node {self.node_name} has no loaded instance {frame.instance_id}"
+            await self._send(
+                coordinator, InstanceFailed(instance_id=frame.instance_id, reason=reason)
+            )
+            return
+        ring = hosted.ring
+        cancel = hosted.cancels[frame.request_id] = threading.Event()
+        speaks = any(spec.rank == 0 for spec in ring.specs)  # only rank 0 yields the answer
+
+        def chat() -> None:
+            for chunk in ring.chat(frame.request, cancel):
+                if speaks and ring.failure is None:
+                    message = ChunkFrame(
+                        instance_id=hosted.instance_id, request_id=frame.request_id, chunk=chunk
+                    )
+                    anyio.from_thread.run(self._send, coordinator, message)
+
+        try:
+            await anyio.to_thread.run_sync(chat, abandon_on_cancel=True)
+        except EngineError as error:  # a request error on every rank: the ring is fine
+            log.warning("request %s failed: %s", frame.request_id, error)
+        finally:
+            hosted.cancels.pop(frame.request_id, None)
+        if ring.failure is not None:
+            await self._failed(hosted, f"node {self.node_name}: {ring.failure}")
+            return
+        await self._send(
+            coordinator, ChatFinished(instance_id=hosted.instance_id, request_id=frame.request_id)
+        )
+
+    async def _failed(self, hosted: _Hosted, reason: str) -> None:
+        await self._stop(hosted.instance_id, False)
+        await self._send(
+            hosted.coordinator, InstanceFailed(instance_id=hosted.instance_id, reason=reason)
+        )
+
+    async def _stop(self, instance_id: str, answer: bool) -> None:
+        hosted = self._hosted.pop(instance_id, None)
+        if hosted is None:
+            return
+        hosted.stopped = True
+        for cancel in hosted.cancels.values():
+            cancel.set()
+        if hosted.ring is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(hosted.ring.close)
+        if answer:
+            await self._send(hosted.coordinator, InstanceStopped(instance_id=instance_id))

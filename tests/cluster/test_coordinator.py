@@ -1,0 +1,167 @@
+"""A coordinator launches a model across real `exo-tui node` processes and chats with it.
+
+The coordinator is a Node in the test process (like the TUI); the ranks run in runner processes
+started by the nodes, joined in MLX's ring over 127.0.0.1. Greedy output must be token for token
+what one process gives; faults must end every state.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import anyio
+import psutil
+import pytest
+
+from engine.generate import generate
+from engine.loading import load_model_sync
+from engine.models import read_card
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message
+from exo_tui.cluster.coordinator import ClusterError
+from exo_tui.cluster.local import local_node_stats
+from exo_tui.cluster.node import Node, NodeOptions
+from exo_tui.cluster.placement import Placement, place
+from exo_tui.cluster.state import ClusterEvent, ClusterState, LoadFinished, LoadProgressed, apply
+from exo_tui.store.identity import ClusterKey, NodeIdentity
+from tests.cluster.node_process import KEY, NodeProcess, StartNode
+
+pytestmark = pytest.mark.anyio
+
+REQUEST = ChatRequest(
+    messages=(Message(role="user", content="Tell me about the nodes of this cluster."),),
+    max_tokens=40,
+    temperature=0.0,
+)
+
+
+@pytest.fixture
+def models(tiny_llama: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "store"
+    shutil.copytree(tiny_llama, folder / "tiny-llama")
+    return folder
+
+
+class Coordinating:
+    """A Node in this process that folds events into a ClusterState, as the app does."""
+
+    def __init__(self, peers: list[NodeProcess]) -> None:
+        self.state = ClusterState()
+        self.events: list[ClusterEvent] = []
+        self.node = Node(
+            NodeIdentity(node_id="n-coordinator", name="coordinator"),
+            ClusterKey(text=KEY),
+            stats=lambda: local_node_stats(identity=self.node.identity),
+            on_event=self.apply,
+            options=NodeOptions(port=0, mdns=False, peers=tuple(p.address for p in peers)),
+            models_dirs=[],
+        )
+
+    def apply(self, event: ClusterEvent) -> None:
+        self.events.append(event)
+        self.state = apply(self.state, event)
+
+    async def wait(self, predicate: Callable[[], bool], timeout: float) -> None:
+        with anyio.fail_after(timeout):
+            while not predicate():
+                await anyio.sleep(0.05)
+
+
+async def collect(chunks: AsyncIterator[Chunk]) -> list[Chunk]:
+    return [chunk async for chunk in chunks]
+
+
+def runner_pids(node: NodeProcess) -> list[int]:
+    return [c.pid for c in psutil.Process(node.process.pid).children(recursive=True)]
+
+
+async def launched(start: StartNode, models: Path, strategy: str, count: int = 2):  # type: ignore[no-untyped-def]
+    nodes = [start(f"n{i}", "--models-dir", str(models)) for i in range(count)]
+    cluster = Coordinating(nodes)
+    card = read_card(models / "tiny-llama")
+    return nodes, cluster, card
+
+
+async def test_pipeline_over_two_nodes_is_token_identical_to_one_process(
+    start: StartNode, models: Path
+) -> None:
+    nodes, cluster, card = await launched(start, models, "pipeline")
+    expected = [c for c in generate(load_model_sync(models / "tiny-llama"), REQUEST)][-1]
+    assert isinstance(expected, DoneChunk)
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(cluster.node.run)
+        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
+        placement = place(cluster.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        assert {s.node_id for s in placement.shards} == {n.node_id for n in nodes}
+        await cluster.node.coordinator.launch(placement, card)
+        # Every node's bar reached n/n of its layers.
+        finished = [e for e in cluster.events if isinstance(e, LoadFinished)]
+        assert sorted(e.total for e in finished) == sorted(s.num_layers for s in placement.shards)
+        progress = [e for e in cluster.events if isinstance(e, LoadProgressed)]
+        assert {e.node_id for e in progress} == {n.node_id for n in nodes}
+        chunks = await collect(cluster.node.coordinator.chat(REQUEST))
+        done = chunks[-1]
+        assert isinstance(done, DoneChunk), chunks
+        assert done.token_ids == expected.token_ids
+        # A second turn on the same ring.
+        again = await collect(cluster.node.coordinator.chat(REQUEST))
+        assert isinstance(again[-1], DoneChunk) and again[-1].token_ids == expected.token_ids
+        await cluster.node.coordinator.stop()
+        await cluster.wait(lambda: not any(runner_pids(n) for n in nodes), 10)
+        tasks.cancel_scope.cancel()
+
+
+async def test_a_node_killed_mid_generation_fails_the_instance_and_stops_the_others(
+    start: StartNode, models: Path
+) -> None:
+    nodes, cluster, card = await launched(start, models, "pipeline")
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(cluster.node.run)
+        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
+        placement = place(cluster.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        await cluster.node.coordinator.launch(placement, card)
+        long = REQUEST.model_copy(update={"max_tokens": 100_000})
+        chunks: list[Chunk] = []
+        killed_at = 0.0
+
+        async def chat() -> None:
+            async for chunk in cluster.node.coordinator.chat(long):
+                chunks.append(chunk)
+
+        async with anyio.create_task_group() as chatting:
+            chatting.start_soon(chat)
+            await cluster.wait(lambda: len(chunks) > 3, 30)
+            victim, survivor = nodes[1], nodes[0]
+            killed_at = time.monotonic()
+            victim.process.kill()
+            await cluster.wait(lambda: any(isinstance(c, ErrorChunk) for c in chunks), 5)
+            failed_in = time.monotonic() - killed_at
+        assert failed_in < 5
+        assert isinstance(chunks[-1], DoneChunk)
+        await cluster.wait(lambda: not runner_pids(survivor), 10)
+        assert time.monotonic() - killed_at < 10
+        tasks.cancel_scope.cancel()
+
+
+async def test_a_model_a_node_lacks_is_refused_before_loading(
+    start: StartNode, models: Path, tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    has = start("has", "--models-dir", str(models))
+    lacks = start("lacks", "--models-dir", str(empty))
+    cluster = Coordinating([has, lacks])
+    card = read_card(models / "tiny-llama")
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(cluster.node.run)
+        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
+        placement = place(cluster.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        with pytest.raises(ClusterError, match="no model called tiny-llama"):
+            await cluster.node.coordinator.launch(placement, card)
+        await cluster.wait(lambda: not runner_pids(has), 10)
+        tasks.cancel_scope.cancel()
