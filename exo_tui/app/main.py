@@ -7,10 +7,12 @@ back as messages; chats are written to the store as they happen.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from rich.text import Text
@@ -23,8 +25,9 @@ from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from engine.errors import EngineError
+from engine.generate import CancelToken
 from engine.loading import LoadedModel
-from engine.types import ChatRequest, Message, ModelCard, ReasoningChunk, TextChunk
+from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, TextChunk
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.keymap import KeymapError, load_keymap
 from exo_tui.app.screens.chats import ChatsScreen
@@ -33,6 +36,7 @@ from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
+from exo_tui.cluster.coordinator import ClusterError
 from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
 from exo_tui.cluster.placement import Placement, PlacementError, Strategy, place
@@ -56,7 +60,7 @@ from exo_tui.cluster.state import (
     Unloaded,
     apply,
 )
-from exo_tui.conversation import TurnEvent, chat_turn
+from exo_tui.conversation import GenerateFn, TurnEvent, chat_turn
 from exo_tui.store.chats import ChatStore, ChatSummary, open_chat_store
 from exo_tui.store.paths import config_dir, data_dir
 from exo_tui.tools import builtin_registry
@@ -116,6 +120,9 @@ class ExoTuiApp(App[None]):
         super().__init__()
         self._cluster = cluster
         self._refused: set[str] = set()
+        self._node: Node | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.cluster_card: ModelCard | None = None  # the model running across nodes, if any
         self._bundled = bundled
         self._node_stats = node_stats
         self._preselect = model
@@ -165,14 +172,17 @@ class ExoTuiApp(App[None]):
 
     async def _serve_cluster(self, setup: ClusterSetup) -> None:
         """This app as a node of the cluster: peers' stats and losses go into the state."""
-        node = Node(
+        node = self._node = Node(
             setup.identity,
             setup.key,
             stats=lambda: self._node_stats(tuple(c.name for c in self.cards)),
             on_event=self.dispatch,
             options=setup.options,
             on_foreign=self._foreign,
+            models_dirs=self._models_dirs,
+            include_bundled=self._bundled,
         )
+        self._loop = asyncio.get_running_loop()
         try:
             await node.run()
         except OSError as error:
@@ -349,13 +359,49 @@ class ExoTuiApp(App[None]):
             message = self.placement.message if self.placement else "nothing to place"
             self.notify(f"Cannot launch: {message}", severity="error", timeout=8)
             return
-        if self.placement.world_size > 1 or self.placement.node_ids != (self.local_id,):
-            self.notify("Running across several nodes comes with the cluster.", severity="warning")
+        across = self.placement.world_size > 1 or self.placement.node_ids != (self.local_id,)
+        if across and self._node is None:
+            self.notify("Placing on other nodes needs the cluster: start with --cluster.")
             return
         self.dispatch(InstancePlaced(placement=self.placement))
         self._load_started = time.monotonic()
         self.set_interval(0.2, self._tick_loading, name="load-clock")
-        self._load(self.card)
+        if across:
+            self._launch_on_cluster(self.placement, self.card)
+        else:
+            self._load(self.card)
+
+    @work(exclusive=True, group="load")
+    async def _launch_on_cluster(self, placement: Placement, card: ModelCard) -> None:
+        """Every node of the placement loads its ranks; their bars fill from their progress."""
+        assert self._node is not None
+        try:
+            await self._node.coordinator.launch(placement, card)
+        except ClusterError as error:
+            self.notify(f"Launch failed: {error}", severity="error", timeout=10)
+            return
+        self.cluster_card = card
+        self.notify(f"{card.name} is ready on {placement.world_size} nodes. Ask away.")
+
+    def _cluster_generate(
+        self, request: ChatRequest, cancel: CancelToken | None
+    ) -> Iterator[Chunk]:
+        """Chat with the cluster's instance from a worker thread: the coordinator runs in the
+        app's event loop and hands chunks over through a queue."""
+        assert self._node is not None and self._loop is not None
+        coordinator = self._node.coordinator
+        chunks: queue.Queue[Chunk | None] = queue.Queue()
+
+        async def pump() -> None:
+            try:
+                async for chunk in coordinator.chat(request, cancel):
+                    chunks.put(chunk)
+            finally:
+                chunks.put(None)
+
+        asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        while (chunk := chunks.get()) is not None:
+            yield chunk
 
     def _tick_loading(self) -> None:
         if self.state.instance_status == "loading":
@@ -413,6 +459,11 @@ class ExoTuiApp(App[None]):
             self.notify("Stop the answer first (Esc).")
             return
         self.workers.cancel_group(self, "load")
+        if self._node is not None and self._node.coordinator.instance is not None:
+            self.cluster_card = None
+            self.run_worker(self._node.coordinator.stop(), group="unload")
+            self.dispatch(InstanceCleared())
+            return
         if self.loaded is not None:
             self.loaded.unload()
             self.loaded = None
@@ -436,7 +487,14 @@ class ExoTuiApp(App[None]):
 
     @on(PromptInput.Submitted)
     async def _prompt(self, event: PromptInput.Submitted) -> None:
-        if self.loaded is None:
+        answerer: LoadedModel | GenerateFn | None = self.loaded
+        card = self.loaded.card if self.loaded is not None else self.cluster_card
+        if self.loaded is None and self.cluster_card is not None:
+            if self.state.instance_status in ("ready", "generating"):
+                answerer = self._cluster_generate
+            else:
+                card = None  # the cluster's instance failed: launch again
+        if answerer is None or card is None:
             self.notify("Launch a model first (Ctrl+L).", severity="warning")
             return
         if self._generating:
@@ -444,7 +502,7 @@ class ExoTuiApp(App[None]):
             return
         user = Message(role="user", content=event.text)
         if self.chat is None and self.store is not None:
-            self.chat = self.store.create_chat(self.loaded.card.name)
+            self.chat = self.store.create_chat(card.name)
             self.messages = []
             self._remember(Message(role="system", content=SYSTEM_PROMPT))
         self._remember(user)
@@ -460,7 +518,7 @@ class ExoTuiApp(App[None]):
             max_tokens=self.max_tokens,
             temperature=0.0,
         )
-        self._generate(self.loaded, request, self._answer, self._cancel)
+        self._generate(answerer, request, self._answer, self._cancel)
 
     def _remember(self, message: Message) -> None:
         self.messages.append(message)
@@ -469,9 +527,13 @@ class ExoTuiApp(App[None]):
 
     @work(thread=True, group="chat")
     def _generate(
-        self, loaded: LoadedModel, request: ChatRequest, answer: AnswerView, cancel: threading.Event
+        self,
+        answerer: LoadedModel | GenerateFn,
+        request: ChatRequest,
+        answer: AnswerView,
+        cancel: threading.Event,
     ) -> None:
-        turn = chat_turn(loaded, request, self.tools, cancel)
+        turn = chat_turn(answerer, request, self.tools, cancel)
         pending: list[TurnEvent] = []
         flushed = time.monotonic()
         try:

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from engine.errors import EngineError
+from engine.generate import CancelToken
 from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, ModelCard, Stats, Usage
 from exo_tui.cluster.placement import Placement
@@ -95,6 +97,7 @@ class Coordinator:
         self._address = address
         self._on_event = on_event
         self.instance: _Instance | None = None
+        self.tasks: anyio.abc.TaskGroup | None = None  # set by the node while it runs
         inbox = anyio.create_memory_object_stream[tuple[str, CoordinatorFrame]](math.inf)
         self._inbox_in: MemoryObjectSendStream[tuple[str, CoordinatorFrame]] = inbox[0]
         self._inbox: MemoryObjectReceiveStream[tuple[str, CoordinatorFrame]] = inbox[1]
@@ -102,17 +105,28 @@ class Coordinator:
     # ------------------------------------------------------------------ from the node
 
     def feed(self, node_id: str, frame: CoordinatorFrame) -> None:
-        """A frame from a node about the instance (ignored when it is about another one)."""
-        if self.instance is not None and frame.instance_id == self.instance.instance_id:
-            self._inbox_in.send_nowait((node_id, frame))
+        """A frame from a node about an instance; consumers drop those of earlier instances."""
+        self._inbox_in.send_nowait((node_id, frame))
 
     def node_lost(self, node_id: str, name: str, reason: str) -> None:
+        """A node of the instance is gone: fail it, and stop the others now, busy or not, so no
+        rank is left spinning on the ring."""
         instance = self.instance
-        if instance is not None and node_id in instance.ranks_of:
-            failed = InstanceFailed(
-                instance_id=instance.instance_id, reason=f"node {name} {reason}"
-            )
-            self._inbox_in.send_nowait((node_id, failed))
+        if instance is None or node_id not in instance.ranks_of:
+            return
+        failed = InstanceFailed(instance_id=instance.instance_id, reason=f"node {name} {reason}")
+        self._inbox_in.send_nowait((node_id, failed))
+        instance.failed = failed.reason
+        self.instance = None  # dead: a launch or chat waiting on it reads the failure first
+        if self.tasks is not None:
+            self.tasks.start_soon(self._stop_nodes, instance, False, node_id)
+
+    async def _next(self, instance: _Instance) -> tuple[str, CoordinatorFrame]:
+        """The next frame about `instance` (frames about earlier ones are dropped)."""
+        while True:
+            node_id, frame = await self._inbox.receive()
+            if frame.instance_id == instance.instance_id:
+                return node_id, frame
 
     # ------------------------------------------------------------------ launch
 
@@ -163,7 +177,7 @@ class Coordinator:
         ports: dict[str, tuple[int, ...]] = {}
         with anyio.move_on_after(RESERVE_TIMEOUT_S):
             while len(ports) < len(instance.ranks_of):
-                node_id, frame = await self._inbox.receive()
+                node_id, frame = await self._next(instance)
                 match frame:
                     case PortsReserved(ports=reserved):
                         ports[node_id] = reserved
@@ -187,7 +201,7 @@ class Coordinator:
     async def _until_ready(self, instance: _Instance) -> None:
         ready: set[str] = set()
         while len(ready) < len(instance.ranks_of):
-            node_id, frame = await self._inbox.receive()
+            node_id, frame = await self._next(instance)
             match frame:
                 case RanksProgress(layers_loaded=loaded, total=total):
                     self._on_event(
@@ -209,7 +223,7 @@ class Coordinator:
     # ------------------------------------------------------------------ chat
 
     async def chat(
-        self, request: ChatRequest, cancel: anyio.Event | None = None
+        self, request: ChatRequest, cancel: CancelToken | None = None
     ) -> AsyncGenerator[Chunk]:
         """Rank 0's chunks; the last is a DoneChunk. A failure ends it with an ErrorChunk."""
         instance = self.instance
@@ -234,7 +248,7 @@ class Coordinator:
                         node_id, CancelChat(instance_id=instance.instance_id, request_id=rid)
                     )
             with anyio.move_on_after(0.1):
-                node_id, frame = await self._inbox.receive()
+                node_id, frame = await self._next(instance)
                 match frame:
                     case ChunkFrame(request_id=r, chunk=chunk) if (
                         r == rid and node_id == instance.speaker
@@ -269,7 +283,7 @@ class Coordinator:
         if wait:
             with anyio.move_on_after(STOP_TIMEOUT_S):
                 while pending:
-                    node_id, frame = await self._inbox.receive()
+                    node_id, frame = await self._next(instance)
                     if isinstance(frame, InstanceStopped):
                         pending.discard(node_id)
         for node_id in pending:  # a failed node keeps showing why

@@ -159,6 +159,7 @@ class Node:
             self.host = RankHost(
                 self.identity.name, self.models_dirs, self.send_to, tasks, self.include_bundled
             )
+            self.coordinator.tasks = tasks
             tasks.start_soon(listener.serve, self._accept)
             for text in self.options.peers:
                 tasks.start_soon(self._dial_forever, *parse_peer(text))

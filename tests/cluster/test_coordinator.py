@@ -8,6 +8,7 @@ what one process gives; faults must end every state.
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,7 +25,14 @@ from exo_tui.cluster.coordinator import ClusterError
 from exo_tui.cluster.local import local_node_stats
 from exo_tui.cluster.node import Node, NodeOptions
 from exo_tui.cluster.placement import Placement, place
-from exo_tui.cluster.state import ClusterEvent, ClusterState, LoadFinished, LoadProgressed, apply
+from exo_tui.cluster.state import (
+    ClusterEvent,
+    ClusterState,
+    InstancePlaced,
+    LoadFinished,
+    LoadProgressed,
+    apply,
+)
 from exo_tui.store.identity import ClusterKey, NodeIdentity
 from tests.cluster.node_process import KEY, NodeProcess, StartNode
 
@@ -164,4 +172,27 @@ async def test_a_model_a_node_lacks_is_refused_before_loading(
         with pytest.raises(ClusterError, match="no model called tiny-llama"):
             await cluster.node.coordinator.launch(placement, card)
         await cluster.wait(lambda: not runner_pids(has), 10)
+        tasks.cancel_scope.cancel()
+
+
+async def test_a_node_lost_while_idle_stops_the_other_ranks(start: StartNode, models: Path) -> None:
+    nodes, cluster, card = await launched(start, models, "pipeline")
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(cluster.node.run)
+        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
+        placement = place(cluster.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        cluster.apply(InstancePlaced(placement=placement))  # as the app does before launching
+        await cluster.node.coordinator.launch(placement, card)
+        assert cluster.state.instance_status == "ready"
+        survivor, victim = nodes
+        assert runner_pids(survivor)
+        killed_at = time.monotonic()
+        victim.process.send_signal(signal.SIGSTOP)  # silent, not closed: found by heartbeats
+        await cluster.wait(lambda: cluster.state.instance_status == "failed", 5)
+        await cluster.wait(lambda: not runner_pids(survivor), 10)
+        assert time.monotonic() - killed_at < 10
+        assert cluster.node.coordinator.instance is None
+        chunks = await collect(cluster.node.coordinator.chat(REQUEST))
+        assert isinstance(chunks[0], ErrorChunk)
         tasks.cancel_scope.cancel()
