@@ -6,11 +6,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from textual.widgets import Static
 
 from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.widgets.chat import AnswerView, PromptInput, StatsLine
 from exo_tui.app.widgets.nodes import NodeCard
 from exo_tui.cluster.node import ClusterSetup, NodeOptions
 from exo_tui.cluster.placement import Placement
+from exo_tui.cluster.state import RunnerReady
 from exo_tui.store.identity import ClusterKey, load_node_identity
 from tests.app.helpers import fixed_stats, wait_until
 from tests.cluster.node_process import KEY, StartNode
@@ -55,3 +58,46 @@ async def test_a_peer_shows_up_live_can_be_placed_on_and_its_loss_is_shown(
         peer.process.kill()
         await wait_until(pilot, lambda: not app.state.nodes[1].online, timeout=5)
         assert app.is_running
+
+
+async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_place_again(
+    start: StartNode, tiny_llama: Path, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(tiny_llama, models / "tiny-llama")
+    peer = start("peer", "--models-dir", str(models))
+    me = load_node_identity()
+    setup = ClusterSetup(
+        identity=me,
+        key=ClusterKey(text=KEY),
+        options=NodeOptions(port=0, mdns=False, peers=(peer.address,)),
+    )
+    app = ExoTuiApp(
+        model="tiny-llama",
+        models_dirs=[models],
+        node_stats=lambda models: fixed_stats()(models).model_copy(update={"node_id": me.node_id}),
+        bundled=False,
+        cluster=setup,
+    )
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: len(app.state.online_nodes) == 2, timeout=15)
+        await wait_until(pilot, lambda: app.card is not None)
+        await pilot.press("f2")
+        assert isinstance(app.placement, Placement) and app.placement.world_size == 2
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: app.state.instance_status == "ready", timeout=60)
+        assert all(isinstance(n.runner, RunnerReady) for n in app.state.nodes)
+        await pilot.click(PromptInput)
+        await pilot.press(*"Hello there")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: bool(app.query(StatsLine)), timeout=60)
+        assert app.query_one(AnswerView).text.strip()
+
+        peer.process.kill()
+        await wait_until(pilot, lambda: app.state.instance_status == "failed", timeout=5)
+        assert "failed" in str(app.query_one("#launch-status", Static).content)
+        # Place again on what is left (this node) and chat.
+        await pilot.press("f2")
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: app.loaded is not None, timeout=30)
+        assert app.state.instance_status == "ready"
