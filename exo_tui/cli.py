@@ -87,8 +87,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategy",
         choices=["pipeline", "tensor"],
         default="pipeline",
-        help="with --ranks: split the layers (pipeline) or every layer (tensor)",
+        help="with --ranks or --cluster: split the layers (pipeline) or every layer (tensor)",
     )
+    chat.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run on the cluster: find the nodes, place the model across them, chat",
+    )
+    chat.add_argument(
+        "--nodes",
+        default=None,
+        metavar="ID,...",
+        help="with --cluster: the nodes to use, by id or name, in ring order (default: all)",
+    )
+    chat.add_argument(
+        "--discover",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="with --cluster: seconds to look for nodes before placing (default 3)",
+    )
+    _add_node_options(chat)
+    _add_no_mdns(chat)
     _add_models_dir(chat)
 
     models = commands.add_parser("models", help="list the models found, with their cards")
@@ -184,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "chat":
             from exo_tui.headless import run_chat
 
-            return run_chat(args)
+            return run_chat(args, cluster_setup(args) if args.cluster else None)
         if args.command == "models":
             from exo_tui.headless import list_models
 

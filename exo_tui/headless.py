@@ -29,6 +29,7 @@ from engine.types import (
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
+    from exo_tui.cluster.node import ClusterSetup
     from exo_tui.tools import ToolRegistry
 
 
@@ -70,7 +71,7 @@ def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
     )
 
 
-def run_chat(args: argparse.Namespace) -> int:
+def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     from engine.generate import validate
     from engine.loading import load_model
     from engine.models import resolve_model
@@ -85,6 +86,10 @@ def run_chat(args: argparse.Namespace) -> int:
     if not args.no_tools:
         request = request.model_copy(update={"tools": registry.specs})
     out = JsonLines() if args.json else TextOutput(card)
+    if cluster is not None:
+        from exo_tui.cluster_chat import run_chat_on_cluster
+
+        return run_chat_on_cluster(args, cluster, card, request, registry, out)
     if args.ranks > 1:
         return run_chat_on_ranks(args, card, request, registry, out)
     started = time.perf_counter()
@@ -146,6 +151,11 @@ class JsonLines:
     def progress(self, event: LoadProgress) -> None:
         self._write(event.model_dump_json())
 
+    def node_progress(self, node_id: str, name: str, layers_loaded: int, total: int) -> None:
+        line = {"type": "load", "node_id": node_id, "node": name,
+                "layers_loaded": layers_loaded, "total": total}  # fmt: skip
+        self._write(json.dumps(line))
+
     def loaded(self, ready: ModelReady) -> None:
         self._write(ready.model_dump_json())
 
@@ -183,6 +193,7 @@ class TextOutput:
         )
         self._name = card.name
         self._tasks: dict[int, TaskID] = {}
+        self._node_tasks: dict[str, TaskID] = {}
         self._bar.start()
         self._in_reasoning = False
 
@@ -191,6 +202,12 @@ class TextOutput:
             label = f"loading {self._name}" + (f" (rank {event.rank})" if event.rank else "")
             self._tasks[event.rank] = self._bar.add_task(label, total=event.total)
         self._bar.update(self._tasks[event.rank], completed=event.layers_loaded, total=event.total)
+
+    def node_progress(self, node_id: str, name: str, layers_loaded: int, total: int) -> None:
+        if node_id not in self._node_tasks:
+            label = f"loading {self._name} on {name}"
+            self._node_tasks[node_id] = self._bar.add_task(label, total=total)
+        self._bar.update(self._node_tasks[node_id], completed=layers_loaded, total=total)
 
     def loaded(self, ready: ModelReady) -> None:
         self._bar.stop()

@@ -247,24 +247,30 @@ class Coordinator:
                     await self._send(
                         node_id, CancelChat(instance_id=instance.instance_id, request_id=rid)
                     )
+            # Never yield inside a cancel scope: each step of this generator may run in
+            # another task (a thread steps it with anyio.from_thread).
+            item: tuple[str, CoordinatorFrame] | None = None
             with anyio.move_on_after(0.1):
-                node_id, frame = await self._next(instance)
-                match frame:
-                    case ChunkFrame(request_id=r, chunk=chunk) if (
-                        r == rid and node_id == instance.speaker
-                    ):
-                        yield chunk
-                    case ChatFinished(request_id=r) if r == rid:
-                        finished.add(node_id)
-                    case InstanceFailed(reason=reason):
-                        try:
-                            await self._fail(instance, reason, node_id)
-                        except ClusterError as error:
-                            for chunk in from_error(str(error)):
-                                yield chunk
-                        return
-                    case _:
-                        pass
+                item = await self._next(instance)
+            if item is None:
+                continue
+            node_id, frame = item
+            match frame:
+                case ChunkFrame(request_id=r, chunk=chunk) if (
+                    r == rid and node_id == instance.speaker
+                ):
+                    yield chunk
+                case ChatFinished(request_id=r) if r == rid:
+                    finished.add(node_id)
+                case InstanceFailed(reason=reason):
+                    try:
+                        await self._fail(instance, reason, node_id)
+                    except ClusterError as error:
+                        for chunk in from_error(str(error)):
+                            yield chunk
+                    return
+                case _:
+                    pass
 
     # ------------------------------------------------------------------ stop
 

@@ -1,0 +1,147 @@
+"""`exo-tui chat --cluster`: find the nodes, place the model across them, load, chat, stop.
+
+This process is a node too (it holds a rank when the placement gives it one). Load events name
+the node they come from; the answer and tool calls are the same JSON Lines as a local chat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+
+from engine.errors import EngineError
+from engine.generate import CancelToken
+from engine.models import find_models
+from engine.types import ChatRequest, Chunk, ModelCard, ModelReady
+from exo_tui.cluster.local import local_node_stats
+from exo_tui.cluster.node import ClusterSetup, Node
+from exo_tui.cluster.placement import Placement, place
+from exo_tui.cluster.state import (
+    ClusterEvent,
+    ClusterState,
+    InstancePlaced,
+    LoadProgressed,
+    NodeSeen,
+    NodeStats,
+    apply,
+)
+from exo_tui.conversation import chat_turn
+
+if TYPE_CHECKING:
+    from exo_tui.headless import JsonLines, TextOutput
+    from exo_tui.tools import ToolRegistry
+
+
+def choose(state: ClusterState, wanted: str | None) -> tuple[NodeStats, ...]:
+    """The online nodes named in `wanted` (ids or names, comma separated, in ring order)."""
+    if not wanted:
+        return state.candidates
+    chosen: list[NodeStats] = []
+    for name in (w.strip() for w in wanted.split(",") if w.strip()):
+        node = next((n for n in state.online_nodes if name in (n.node_id, n.name)), None)
+        if node is None:
+            seen = ", ".join(f"{n.name} ({n.node_id})" for n in state.online_nodes) or "none"
+            raise EngineError(
+                f"node {name} was not found in the cluster (online: {seen})",
+                "Start `exo-tui node` there, pass --peer HOST:PORT, or wait longer with --discover",
+            )
+        chosen.append(node.stats)
+    return tuple(chosen)
+
+
+def run_chat_on_cluster(
+    args: argparse.Namespace,
+    setup: ClusterSetup,
+    card: ModelCard,
+    request: ChatRequest,
+    registry: ToolRegistry,
+    out: JsonLines | TextOutput,
+) -> int:
+    try:
+        return anyio.run(_chat, args, setup, card, request, registry, out)
+    except BaseExceptionGroup as group:  # the task group wraps what went wrong
+        raise _first_engine_error(group) or group from None
+
+
+def _first_engine_error(group: BaseExceptionGroup[BaseException]) -> EngineError | None:
+    for error in group.exceptions:
+        if isinstance(error, EngineError):
+            return error
+        if isinstance(error, BaseExceptionGroup):
+            found = _first_engine_error(error)  # pyright: ignore[reportUnknownArgumentType]
+            if found is not None:
+                return found
+    return None
+
+
+async def _chat(
+    args: argparse.Namespace,
+    setup: ClusterSetup,
+    card: ModelCard,
+    request: ChatRequest,
+    registry: ToolRegistry,
+    out: JsonLines | TextOutput,
+) -> int:
+    state = ClusterState()
+    names: dict[str, str] = {}
+
+    def on_event(event: ClusterEvent) -> None:
+        nonlocal state
+        state = apply(state, event)
+        if isinstance(event, LoadProgressed):
+            out.node_progress(event.node_id, names.get(event.node_id, event.node_id),
+                              event.layers_loaded, event.total)  # fmt: skip
+
+    models = tuple(c.name for c in find_models(args.models_dir))
+    node = Node(
+        setup.identity,
+        setup.key,
+        stats=lambda: local_node_stats(models, identity=setup.identity),
+        on_event=on_event,
+        options=setup.options,
+        models_dirs=args.models_dir,
+    )
+    me = local_node_stats(models, identity=setup.identity)
+    code = 1
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(node.run)
+        on_event(NodeSeen(stats=me, at=time.time()))  # this node takes part too
+        await anyio.sleep(args.discover)
+        names.update({n.node_id: n.name for n in state.nodes})
+        placement = place(choose(state, args.nodes), card, args.strategy)
+        if not isinstance(placement, Placement):
+            raise EngineError(
+                placement.message, "Choose other nodes with --nodes, or a smaller model"
+            )
+        on_event(InstancePlaced(placement=placement))
+        started = time.perf_counter()
+        await node.coordinator.launch(placement, card)
+        out.loaded(ModelReady(model=card.name, load_seconds=time.perf_counter() - started,
+                              blas=f"cluster of {placement.world_size} nodes"))  # fmt: skip
+
+        def generate(turn_request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+            chunks = node.coordinator.chat(turn_request, cancel)
+            while True:
+                try:
+                    yield anyio.from_thread.run(chunks.__anext__)
+                except StopAsyncIteration:
+                    return
+
+        def turn() -> int:
+            from exo_tui.headless import print_turn
+
+            return print_turn(chat_turn(generate, request, registry), out)
+
+        try:
+            code = await anyio.to_thread.run_sync(turn)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await node.coordinator.stop()
+        tasks.cancel_scope.cancel()
+    return code

@@ -1,0 +1,52 @@
+"""`exo-tui chat --cluster`: this process and a real node share the model; same tokens as one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tests.cli.test_chat_cli import events, run_cli
+from tests.cluster.node_process import KEY, StartNode
+
+
+def test_chat_over_the_cluster_matches_one_process(
+    start: StartNode, tiny_llama: Path, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(tiny_llama, models / "tiny-llama")
+    peer = start("peer", "--models-dir", str(models))
+    common = ("--model", "tiny-llama", "--models-dir", str(models), "--prompt", "hello there",
+              "--max-tokens", "24", "--temperature", "0", "--json")  # fmt: skip
+    alone = run_cli("chat", *common)
+    assert alone.returncode == 0, alone.stderr
+    env = {**os.environ, "EXO_TUI_HOME": str(tmp_path / "me")}
+    together = run_cli(
+        "chat", *common, "--cluster", "--no-mdns", "--port", "0", "--peer", peer.address,
+        "--key", KEY, "--discover", "2", env=env,
+    )  # fmt: skip
+    assert together.returncode == 0, together.stderr
+    lines = events(together.stdout)
+    loads = [e for e in lines if e["type"] == "load"]
+    assert {e["node_id"] for e in loads} == {peer.node_id, loads[0]["node_id"]} and len(
+        {e["node_id"] for e in loads}
+    ) == 2
+    for node_id in {e["node_id"] for e in loads}:
+        last = [e for e in loads if e["node_id"] == node_id][-1]
+        assert last["layers_loaded"] == last["total"] > 0
+    done = [e for e in lines if e["type"] == "done"][-1]
+    assert (
+        done["token_ids"]
+        == [e for e in events(alone.stdout) if e["type"] == "done"][-1]["token_ids"]
+    )
+
+
+def test_a_node_that_is_not_there_is_a_clear_error(tmp_path: Path) -> None:
+    env = {**os.environ, "EXO_TUI_HOME": str(tmp_path / "me")}
+    result = run_cli(
+        "chat", "--cluster", "--no-mdns", "--port", "0", "--key", KEY, "--discover", "0.5",
+        "--nodes", "nowhere", "--prompt", "hi", env=env,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "node nowhere was not found" in result.stderr
+    assert "Traceback" not in result.stderr
