@@ -196,3 +196,72 @@ async def test_a_node_lost_while_idle_stops_the_other_ranks(start: StartNode, mo
         chunks = await collect(cluster.node.coordinator.chat(REQUEST))
         assert isinstance(chunks[0], ErrorChunk)
         tasks.cancel_scope.cancel()
+
+
+async def test_a_runner_crash_fails_the_chat_and_stops_the_other_node(
+    start: StartNode, models: Path
+) -> None:
+    nodes, cluster, card = await launched(start, models, "pipeline")
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(cluster.node.run)
+        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
+        placement = place(cluster.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        await cluster.node.coordinator.launch(placement, card)
+        chunks: list[Chunk] = []
+
+        async def chat() -> None:
+            async for chunk in cluster.node.coordinator.chat(
+                REQUEST.model_copy(update={"max_tokens": 100_000})
+            ):
+                chunks.append(chunk)
+
+        async with anyio.create_task_group() as chatting:
+            chatting.start_soon(chat)
+            await cluster.wait(lambda: len(chunks) > 3, 30)
+            crashed = time.monotonic()
+            for pid in runner_pids(nodes[1]):
+                psutil.Process(pid).kill()
+            await cluster.wait(lambda: any(isinstance(c, ErrorChunk) for c in chunks), 5)
+        error = next(c for c in chunks if isinstance(c, ErrorChunk))
+        assert "node n1" in error.message and "SIGKILL" in error.message
+        await cluster.wait(lambda: not runner_pids(nodes[0]), 10)
+        assert time.monotonic() - crashed < 10
+        assert all(n.process.poll() is None for n in nodes)  # the nodes themselves stay up
+        tasks.cancel_scope.cancel()
+
+
+def test_when_the_coordinator_quits_the_nodes_stop_their_ranks(
+    start: StartNode, models: Path, tmp_path: Path
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    nodes = [start(f"n{i}", "--models-dir", str(models)) for i in range(2)]
+    env = {**os.environ, "EXO_TUI_HOME": str(tmp_path / "coordinator")}
+    argv = [sys.executable, "-m", "exo_tui.cli", "chat", "--cluster", "--json", "--no-mdns",
+            "--port", "0", "--key", KEY, "--models-dir", str(models), "--model", "tiny-llama",
+            "--prompt", "go on and on", "--max-tokens", "100000", "--temperature", "0",
+            "--no-tools", "--discover", "2"]  # fmt: skip
+    argv += ["--nodes", ",".join(n.node_id for n in nodes)]
+    for n in nodes:
+        argv += ["--peer", n.address]
+    coordinator = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert coordinator.stdout is not None
+        for line in coordinator.stdout:
+            if '"text"' in line:
+                break
+        assert all(runner_pids(n) for n in nodes)
+        quit_at = time.monotonic()
+        coordinator.kill()
+        deadline = quit_at + 10
+        while any(runner_pids(n) for n in nodes):
+            assert time.monotonic() < deadline, "runners outlived their coordinator by 10 s"
+            time.sleep(0.1)
+    finally:
+        coordinator.kill()
+        coordinator.wait()
