@@ -511,7 +511,8 @@ class ExoTuiApp(App[None]):
         self._answer = await pane.start_answer()
         self._generating = True
         self._cancel = threading.Event()
-        self.dispatch(GenerationStarted(node_id=self.local_id))
+        for node_id in self._serving_nodes():
+            self.dispatch(GenerationStarted(node_id=node_id))
         request = ChatRequest(
             messages=tuple(self.messages),
             tools=self.tools.specs,
@@ -519,6 +520,11 @@ class ExoTuiApp(App[None]):
             temperature=0.0,
         )
         self._generate(answerer, request, self._answer, self._cancel)
+
+    def _serving_nodes(self) -> tuple[str, ...]:
+        """The nodes that run the model: those of the instance, or this one."""
+        instance = self.state.instance
+        return instance.placement.node_ids if instance is not None else (self.local_id,)
 
     def _remember(self, message: Message) -> None:
         self.messages.append(message)
@@ -566,7 +572,8 @@ class ExoTuiApp(App[None]):
             self._remember(added)
         if message.error:
             self.notify(message.error, severity="error", timeout=10)
-        self.dispatch(GenerationFinished(node_id=self.local_id))
+        for node_id in self._serving_nodes():
+            self.dispatch(GenerationFinished(node_id=node_id))
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR and event.worker.group in ("chat", "load"):
