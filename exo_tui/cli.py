@@ -56,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--load", action="store_true", help="launch the model at start")
     parser.add_argument(
         "--cluster",
-        action="store_true",
-        help="join the cluster: show peers found by mDNS or named with --peer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="be a node of the cluster: peers found by mDNS or named with --peer show up live "
+        "(default; --no-cluster: this machine alone)",
     )
     _add_node_options(parser)
     _add_no_mdns(parser)

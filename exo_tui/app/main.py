@@ -192,6 +192,13 @@ class ExoTuiApp(App[None]):
                 severity="error",
                 timeout=15,
             )
+        except Exception as error:  # mDNS or the network failing must not take the app down
+            self.notify(
+                f"The cluster is off: {type(error).__name__}: {error}. This machine still works "
+                "alone; --no-mdns with --peer HOST:PORT avoids multicast.",
+                severity="error",
+                timeout=15,
+            )
 
     def _foreign(self, foreign: Foreign) -> None:
         who = foreign.peer.node_id if foreign.peer else foreign.address.rsplit(":", 1)[0]
