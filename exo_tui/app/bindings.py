@@ -8,7 +8,7 @@ APP_BINDINGS: list[Binding] = [
     Binding("ctrl+o", "pick_model", "Model", id="app.pick_model"),
     Binding("ctrl+t", "toggle_strategy", "Strategy", id="app.toggle_strategy"),
     Binding("ctrl+l", "launch", "Launch", id="app.launch"),
-    Binding("f2", "toggle_nodes", "Nodes", id="app.toggle_nodes"),
+    Binding("f2", "choose_nodes", "Nodes", id="app.choose_nodes"),
     # Priority: the prompt (a TextArea) would take Ctrl+U as "delete to line start".
     Binding("ctrl+u", "unload", "Unload", id="app.unload", priority=True),
     Binding("escape", "stop", "Stop", id="app.stop"),

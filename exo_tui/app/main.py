@@ -33,6 +33,8 @@ from exo_tui.app.keymap import KeymapError, load_keymap
 from exo_tui.app.screens.chats import ChatsScreen
 from exo_tui.app.screens.help import HelpScreen
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
+from exo_tui.app.screens.nodes import Cancelled as NODES_CANCELLED
+from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
@@ -165,7 +167,7 @@ class ExoTuiApp(App[None]):
         self._open_store()
         self._find_models()
         if self._cluster is not None:
-            # Until launches span nodes, place on this node; F2 previews every node.
+            # A small model is best on this node alone; F2 chooses others to place across.
             self.dispatch(NodesChosen(node_ids=(self.local_id,)))
             self.run_worker(self._serve_cluster(self._cluster), group="cluster", exclusive=True)
         self.query_one(PromptInput).focus()
@@ -206,11 +208,14 @@ class ExoTuiApp(App[None]):
             self._refused.add(who)
             self.notify(f"Refused {foreign.address}: {foreign.reason}", severity="warning")
 
-    def action_toggle_nodes(self) -> None:
-        """Place on every online node, or on this one only."""
-        every = self.state.chosen_nodes is not None
-        self.dispatch(NodesChosen(node_ids=None if every else (self.local_id,)))
-        self.notify("Placing on every online node." if every else "Placing on this node only.")
+    def action_choose_nodes(self) -> None:
+        """Choose the nodes to place on (in ring order), or every online node."""
+
+        def chosen(node_ids: tuple[str, ...] | None) -> None:
+            if node_ids != NODES_CANCELLED:
+                self.dispatch(NodesChosen(node_ids=node_ids))
+
+        self.push_screen(NodesScreen(self.state.nodes, self.state.chosen_nodes), chosen)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

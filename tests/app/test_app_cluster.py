@@ -6,9 +6,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from textual.widgets import Static
+from textual.widgets import SelectionList, Static
 
 from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import AnswerView, PromptInput, StatsLine
 from exo_tui.app.widgets.nodes import NodeCard
 from exo_tui.cluster.node import ClusterSetup, NodeOptions
@@ -19,6 +20,34 @@ from tests.app.helpers import fixed_stats, wait_until
 from tests.cluster.node_process import KEY, StartNode
 
 pytestmark = pytest.mark.anyio
+
+
+async def choose_every_node(pilot) -> None:  # type: ignore[no-untyped-def]
+    await pilot.press("f2")
+    await wait_until(pilot, lambda: isinstance(pilot.app.screen, NodesScreen))
+    await pilot.press("a", "enter")
+    await wait_until(pilot, lambda: not isinstance(pilot.app.screen, NodesScreen))
+
+
+async def test_the_node_chooser_sets_the_ring_order(tiny_llama: Path, tmp_path: Path) -> None:
+    from exo_tui.cluster.state import NodeSeen
+
+    app = ExoTuiApp(
+        model="tiny-llama", models_dirs=[tiny_llama.parent], node_stats=fixed_stats(),
+        bundled=False,
+    )  # fmt: skip
+    async with app.run_test(size=(120, 40)) as pilot:
+        other = fixed_stats()(()).model_copy(update={"node_id": "node-b", "name": "laptop"})
+        app.dispatch(NodeSeen(stats=other, at=0.0))
+        await pilot.press("f2")
+        await wait_until(pilot, lambda: isinstance(app.screen, NodesScreen))
+        # Untick both, tick laptop then studio: the ring follows the order ticked.
+        await pilot.press("space", "down", "space")
+        await pilot.press("space", "up", "space", "enter")
+        await wait_until(pilot, lambda: not isinstance(app.screen, NodesScreen))
+        assert app.state.chosen_nodes == ("node-b", "node-a")
+        await pilot.press("f2", "escape")  # cancelling changes nothing
+        assert app.state.chosen_nodes == ("node-b", "node-a")
 
 
 async def test_a_peer_shows_up_live_can_be_placed_on_and_its_loss_is_shown(
@@ -46,12 +75,11 @@ async def test_a_peer_shows_up_live_can_be_placed_on_and_its_loss_is_shown(
         names = [n.name for n in app.state.nodes]
         assert names == ["studio", "peer"]
         assert app.state.nodes[1].stats.memory_total_bytes > 0
-        # Launches stay on this node until the coordinator lands; F2 places on every node.
+        # A model is placed on this node alone at first; F2 chooses nodes (A ticks all).
         await wait_until(pilot, lambda: isinstance(app.placement, Placement))
         assert isinstance(app.placement, Placement)
         assert app.placement.node_ids == (app.local_id,)
-        await pilot.press("f2")
-        await pilot.pause()
+        await choose_every_node(pilot)
         assert app.state.chosen_nodes is None, app.state.chosen_nodes
         assert isinstance(app.placement, Placement)
         assert set(app.placement.node_ids) == {app.local_id, peer.node_id}
@@ -82,7 +110,7 @@ async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_p
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: len(app.state.online_nodes) == 2, timeout=15)
         await wait_until(pilot, lambda: app.card is not None)
-        await pilot.press("f2")
+        await choose_every_node(pilot)
         assert isinstance(app.placement, Placement) and app.placement.world_size == 2
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: app.state.instance_status == "ready", timeout=60)
@@ -96,8 +124,11 @@ async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_p
         peer.process.kill()
         await wait_until(pilot, lambda: app.state.instance_status == "failed", timeout=5)
         assert "failed" in str(app.query_one("#launch-status", Static).content)
-        # Place again on what is left (this node) and chat.
+        # Place again on what is left: the chooser lists only online nodes.
         await pilot.press("f2")
+        await wait_until(pilot, lambda: isinstance(app.screen, NodesScreen))
+        assert app.screen.query_one(SelectionList).option_count == 1
+        await pilot.press("enter")
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: app.loaded is not None, timeout=30)
         assert app.state.instance_status == "ready"
