@@ -265,3 +265,36 @@ def test_when_the_coordinator_quits_the_nodes_stop_their_ranks(
     finally:
         coordinator.kill()
         coordinator.wait()
+
+
+async def test_a_node_killed_mid_load_fails_the_launch_and_stops_the_other(
+    start: StartNode, models: Path
+) -> None:
+    nodes, cluster, card = await launched(start, models, "pipeline")
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(cluster.node.run)
+        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
+        placement = place(cluster.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        cluster.apply(InstancePlaced(placement=placement))
+        failure: list[BaseException] = []
+
+        async def launch() -> None:
+            try:
+                await cluster.node.coordinator.launch(placement, card)
+            except ClusterError as error:
+                failure.append(error)
+
+        async with anyio.create_task_group() as launching:
+            launching.start_soon(launch)
+            survivor, victim = nodes
+            # Its runner is starting (imports, then the ring's join): the node is loading.
+            await cluster.wait(lambda: bool(runner_pids(victim)), 15)
+            assert cluster.state.instance_status == "loading"
+            killed = time.monotonic()
+            victim.process.kill()
+            await cluster.wait(lambda: bool(failure), 5)
+        assert cluster.state.instance_status == "failed"
+        await cluster.wait(lambda: not runner_pids(survivor), 10)
+        assert time.monotonic() - killed < 10
+        tasks.cancel_scope.cancel()
