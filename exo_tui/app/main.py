@@ -45,6 +45,8 @@ from exo_tui.cluster.placement import Placement, PlacementError, Strategy, place
 from exo_tui.cluster.state import (
     ClusterEvent,
     ClusterState,
+    ForeignNode,
+    ForeignSeen,
     GenerationFinished,
     GenerationStarted,
     InstanceCleared,
@@ -203,10 +205,19 @@ class ExoTuiApp(App[None]):
             )
 
     def _foreign(self, foreign: Foreign) -> None:
-        who = foreign.peer.node_id if foreign.peer else foreign.address.rsplit(":", 1)[0]
-        if who not in self._refused:
-            self._refused.add(who)
-            self.notify(f"Refused {foreign.address}: {foreign.reason}", severity="warning")
+        """A refused peer is listed as foreign in the nodes panel (and said once)."""
+        peer = foreign.peer
+        name = peer.name if peer else foreign.address.rsplit(":", 1)[0]
+        if name not in self._refused:
+            self._refused.add(name)
+            self.notify(f"Refused {name} ({foreign.address}): {foreign.reason}", severity="warning")
+        shown = ForeignNode(
+            name=name,
+            address=foreign.address,
+            fingerprint=peer.fingerprint if peer else "",
+            reason=foreign.reason,
+        )
+        self.dispatch(ForeignSeen(foreign=shown))
 
     def action_choose_nodes(self) -> None:
         """Choose the nodes to place on (in ring order), or every online node."""

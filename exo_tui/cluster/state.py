@@ -104,6 +104,16 @@ class NodeView(Frozen):
         return self.stats.name
 
 
+class ForeignNode(Frozen):
+    """A peer that answered without our cluster key (or in another protocol version): shown,
+    never trusted, never placed on."""
+
+    name: str
+    address: str
+    fingerprint: str = ""
+    reason: str = Field(min_length=1)
+
+
 InstanceStatus = Literal["placed", "loading", "ready", "generating", "failed"]
 
 
@@ -126,6 +136,7 @@ class ClusterState(Frozen):
     strategy: Strategy = "pipeline"
     chosen_nodes: tuple[str, ...] | None = None
     instance: Instance | None = None
+    foreign: tuple[ForeignNode, ...] = ()
 
     @model_validator(mode="after")
     def _unique_ids(self) -> Self:
@@ -260,6 +271,13 @@ class InstanceCleared(Frozen):
     type: Literal["instance_cleared"] = "instance_cleared"
 
 
+class ForeignSeen(Frozen):
+    """A peer was refused; it is listed (once per name) as foreign."""
+
+    type: Literal["foreign_seen"] = "foreign_seen"
+    foreign: ForeignNode
+
+
 NodeEvent = (
     LoadStarted
     | LoadProgressed
@@ -279,7 +297,8 @@ ClusterEvent = Annotated[
     | StrategySelected
     | NodesChosen
     | InstancePlaced
-    | InstanceCleared,
+    | InstanceCleared
+    | ForeignSeen,
     Field(discriminator="type"),
 ]
 
@@ -311,6 +330,9 @@ def apply(state: ClusterState, event: ClusterEvent) -> ClusterState:
             return _placed(state, placement)
         case InstanceCleared():
             return _with(state, instance=None)
+        case ForeignSeen(foreign=foreign):
+            others = tuple(f for f in state.foreign if f.name != foreign.name)
+            return _with(state, foreign=(*others, foreign))
 
 
 def apply_all(state: ClusterState, events: Iterable[ClusterEvent]) -> ClusterState:
@@ -347,7 +369,10 @@ def _seen(state: ClusterState, stats: NodeStats, at: float) -> ClusterState:
         view = NodeView(
             stats=stats, runner=old.runner, online=True, last_seen=max(at, old.last_seen)
         )
-    return _replace_node(state, view)
+    state = _replace_node(state, view)
+    if any(f.name == stats.name for f in state.foreign):  # it holds the key now
+        state = _with(state, foreign=tuple(f for f in state.foreign if f.name != stats.name))
+    return state
 
 
 def _lost(state: ClusterState, node_id: str, reason: str) -> ClusterState:

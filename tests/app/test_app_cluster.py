@@ -132,3 +132,24 @@ async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_p
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: app.loaded is not None, timeout=30)
         assert app.state.instance_status == "ready"
+
+
+async def test_a_peer_with_another_key_is_shown_as_foreign(
+    start: StartNode, tiny_llama: Path, tmp_path: Path
+) -> None:
+    stranger = start("stranger", key="some-other-cluster-key-77")
+    me = load_node_identity()
+    setup = ClusterSetup(
+        identity=me,
+        key=ClusterKey(text=KEY),
+        options=NodeOptions(port=0, mdns=False, peers=(stranger.address,)),
+    )
+    app = ExoTuiApp(models_dirs=[tmp_path], node_stats=fixed_stats(), bundled=False, cluster=setup)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: bool(app.state.foreign), timeout=15)
+        assert app.state.foreign[0].name == "stranger"
+        assert app.state.foreign[0].fingerprint == stranger.fingerprint
+        assert [n.name for n in app.state.nodes] == ["studio"]  # never a node
+        await pilot.pause()
+        shown = str(app.query_one("#foreign", Static).content)
+        assert "stranger" in shown and "refused" in shown

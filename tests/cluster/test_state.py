@@ -14,6 +14,8 @@ from exo_tui.cluster.placement import Placement, Shard, place
 from exo_tui.cluster.state import (
     ClusterEvent,
     ClusterState,
+    ForeignNode,
+    ForeignSeen,
     GenerationFinished,
     GenerationStarted,
     Instance,
@@ -363,6 +365,12 @@ events: st.SearchStrategy[ClusterEvent] = st.one_of(
     st.builds(NodesChosen, node_ids=st.none() | st.lists(ids, max_size=4).map(tuple)),
     st.builds(InstancePlaced, placement=placements),
     st.just(InstanceCleared()),
+    st.builds(
+        ForeignSeen,
+        foreign=st.builds(
+            ForeignNode, name=ids.map(lambda i: f"host-{i}"), address=texts, reason=texts
+        ),
+    ),  # fmt: skip
 )
 
 
@@ -395,3 +403,12 @@ def test_any_sequence_of_events_keeps_the_invariants(sequence: list[ClusterEvent
         candidates = [c.node_id for c in state.candidates]
         assert set(candidates) <= set(node_ids)
         assert len(candidates) == len(set(candidates))
+
+
+def test_foreign_peers_are_listed_once_each_and_cleared_when_they_join() -> None:
+    refused = ForeignNode(name="host-x", address="10.0.0.9:52525", fingerprint="ab", reason="key")
+    state = apply_all(cluster("a"), [ForeignSeen(foreign=refused), ForeignSeen(foreign=refused)])
+    assert state.foreign == (refused,)
+    assert [n.node_id for n in state.online_nodes] == ["a"]  # never a node, never placed on
+    state = apply(state, NodeSeen(stats=stats("x"), at=2.0))  # given the key, it joins
+    assert state.foreign == ()

@@ -97,4 +97,20 @@ class NodesPanel(VerticalScroll):
                 card.show(node)
         for gone in cards.values():
             gone.remove()
-        self.border_subtitle = f"{len(state.online_nodes)} online"
+        foreign = self.query_one("#foreign", Static) if self.query("#foreign") else None
+        if state.foreign:
+            lines = Text("\n").join(
+                Text.assemble(
+                    ("⊘ ", "red"), (f.name, "bold"), f"  refused: {f.reason}", style="dim"
+                )
+                for f in state.foreign
+            )
+            if foreign is None:
+                self.mount(Static(lines, id="foreign"))
+            else:
+                foreign.update(lines)
+        elif foreign is not None:
+            foreign.remove()
+        self.border_subtitle = f"{len(state.online_nodes)} online" + (
+            f" · {len(state.foreign)} foreign" if state.foreign else ""
+        )
