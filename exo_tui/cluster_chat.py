@@ -19,6 +19,7 @@ from engine.errors import EngineError
 from engine.generate import CancelToken
 from engine.models import find_models
 from engine.types import ChatRequest, Chunk, ModelCard, ModelReady
+from exo_tui.cluster.coordinator import lacking_model
 from exo_tui.cluster.local import local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Node
 from exo_tui.cluster.placement import Placement, place
@@ -119,6 +120,9 @@ async def _chat(
             raise EngineError(
                 placement.message, "Choose other nodes with --nodes, or a smaller model"
             )
+        lacking = lacking_model(placement, [n.stats for n in state.nodes])
+        if lacking is not None:
+            raise lacking
         on_event(InstancePlaced(placement=placement))
         started = time.perf_counter()
         await node.coordinator.launch(placement, card)

@@ -38,7 +38,7 @@ from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
-from exo_tui.cluster.coordinator import ClusterError
+from exo_tui.cluster.coordinator import ClusterError, lacking_model
 from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
 from exo_tui.cluster.placement import Placement, PlacementError, Strategy, place
@@ -384,7 +384,11 @@ class ExoTuiApp(App[None]):
             return
         across = self.placement.world_size > 1 or self.placement.node_ids != (self.local_id,)
         if across and self._node is None:
-            self.notify("Placing on other nodes needs the cluster: start with --cluster.")
+            self.notify("Placing on other nodes needs the cluster: start without --no-cluster.")
+            return
+        lacking = lacking_model(self.placement, [n.stats for n in self.state.nodes])
+        if across and lacking is not None:
+            self.notify(f"Cannot launch: {lacking}", severity="error", timeout=10)
             return
         self.dispatch(InstancePlaced(placement=self.placement))
         self._load_started = time.monotonic()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,7 @@ from exo_tui.cluster.state import (
     LoadFinished,
     LoadProgressed,
     LoadStarted,
+    NodeStats,
     Unloaded,
 )
 
@@ -66,6 +67,19 @@ STOP_TIMEOUT_S = 10.0
 
 class ClusterError(EngineError):
     """The instance could not be launched or kept running; its ranks are stopped."""
+
+
+def lacking_model(placement: Placement, nodes: Sequence[NodeStats]) -> ClusterError | None:
+    """The error to show when a node of `placement` reports no model of that name on disk."""
+    by_id = {n.node_id: n for n in nodes}
+    for node_id in placement.node_ids:
+        node = by_id.get(node_id)
+        if node is not None and placement.model not in node.models:
+            return ClusterError(
+                f"node {node.name} has no model called {placement.model} on disk",
+                f"Copy the model folder into a models folder of {node.name}, or choose other nodes",
+            )
+    return None
 
 
 @dataclass

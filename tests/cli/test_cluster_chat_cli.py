@@ -50,3 +50,21 @@ def test_a_node_that_is_not_there_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "node nowhere was not found" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_node_without_the_model_is_refused_before_anything_loads(
+    start: StartNode, tiny_llama: Path, tmp_path: Path
+) -> None:
+    models, empty = tmp_path / "models", tmp_path / "empty"
+    shutil.copytree(tiny_llama, models / "tiny-llama")
+    empty.mkdir()
+    peer = start("bare", "--models-dir", str(empty))
+    env = {**os.environ, "EXO_TUI_HOME": str(tmp_path / "me")}
+    result = run_cli(
+        "chat", "--model", "tiny-llama", "--models-dir", str(models), "--prompt", "hi", "--json",
+        "--cluster", "--no-mdns", "--port", "0", "--peer", peer.address, "--key", KEY,
+        "--discover", "2", env=env,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "node bare has no model called tiny-llama" in result.stderr
+    assert '"load"' not in result.stdout
