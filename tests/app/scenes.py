@@ -15,14 +15,21 @@ from textual.widgets import Static
 
 from engine.types import DoneChunk, Stats, TextChunk, ToolCallChunk, ToolResult, Usage
 from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import ChatPane, PromptInput
 from exo_tui.app.widgets.nodes import NodeCard
 from exo_tui.cluster.state import (
+    ForeignNode,
+    ForeignSeen,
     InstancePlaced,
     LoadFailed,
     LoadFinished,
     LoadProgressed,
     LoadStarted,
+    NodeLost,
+    NodesChosen,
+    NodeSeen,
+    Unloaded,
 )
 from tests.app.helpers import fixed_stats, wait_until
 
@@ -115,10 +122,82 @@ async def error(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await settle(app, pilot)
 
 
+def _peers(app: ExoTuiApp) -> list[str]:
+    """Two more nodes, as the cluster's sessions report them (fixed stats)."""
+    ids: list[str] = []
+    for node_id, name, free in (("node-b", "macbook", 21), ("node-c", "gpu-box", 54)):
+        stats = fixed_stats(available=free * 10**9, total=(free + 11) * 10**9)(("tiny-llama",))
+        app.dispatch(
+            NodeSeen(stats=stats.model_copy(update={"node_id": node_id, "name": name}), at=0.0)
+        )
+        ids.append(node_id)
+    return ids
+
+
+async def cluster(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """Three nodes loading one model across them, each with its own bar."""
+    await _model_chosen(app, pilot)
+    _peers(app)
+    app.dispatch(NodesChosen(node_ids=None))
+    await wait_until(pilot, lambda: len(app.query(NodeCard)) == 3)
+    assert app.placement is not None and app.card is not None
+    app.dispatch(InstancePlaced(placement=app.placement))  # type: ignore[arg-type]
+    for shard, done in zip(app.placement.shards, (1, 1, 0), strict=True):  # type: ignore[union-attr]
+        app.dispatch(
+            LoadStarted(node_id=shard.node_id, model=app.card.name, total=shard.num_layers)
+        )
+        app.dispatch(
+            LoadProgressed(node_id=shard.node_id, layers_loaded=done, total=shard.num_layers)
+        )
+    app.dispatch(
+        ForeignSeen(
+            foreign=ForeignNode(
+                name="neighbour", address="192.168.1.40:52525", fingerprint="9f1c2e7a00b4d613",
+                reason="holds another cluster key (fingerprint 9f1c2e7a00b4d613)",
+            )
+        )
+    )  # fmt: skip
+    await settle(app, pilot)
+
+
+async def nodes(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """The node chooser (F2)."""
+    await _model_chosen(app, pilot)
+    _peers(app)
+    await wait_until(pilot, lambda: len(app.query(NodeCard)) == 3)
+    await pilot.press("f2")
+    await wait_until(pilot, lambda: isinstance(app.screen, NodesScreen))
+    await settle(app, pilot)
+
+
+async def lost(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """A node of the running model went away: the failure and the way on."""
+    await _model_chosen(app, pilot)
+    peers = _peers(app)
+    app.dispatch(NodesChosen(node_ids=None))
+    await wait_until(pilot, lambda: len(app.query(NodeCard)) == 3)
+    assert app.placement is not None and app.card is not None
+    app.dispatch(InstancePlaced(placement=app.placement))  # type: ignore[arg-type]
+    for shard in app.placement.shards:  # type: ignore[union-attr]
+        app.dispatch(
+            LoadStarted(node_id=shard.node_id, model=app.card.name, total=shard.num_layers)
+        )
+        app.dispatch(
+            LoadFinished(node_id=shard.node_id, model=app.card.name, total=shard.num_layers)
+        )
+    app.dispatch(NodeLost(node_id=peers[0], reason="stopped answering (no stats for 3 s)"))
+    for node_id in (app.local_id, peers[1]):  # the coordinator stopped the other ranks
+        app.dispatch(Unloaded(node_id=node_id))
+    await settle(app, pilot)
+
+
 SCENES: dict[str, Scene] = {
     "empty": empty,
     "placement": placement,
     "loading": loading,
     "chatting": chatting,
     "error": error,
+    "cluster": cluster,
+    "nodes": nodes,
+    "lost": lost,
 }

@@ -95,6 +95,8 @@ class NodesPanel(VerticalScroll):
                 self.mount(NodeCard(node))
             elif card.is_mounted and card.children:
                 card.show(node)
+            else:  # still mounting: it shows its node when it mounts, so give it the latest
+                card.node = node
         for gone in cards.values():
             gone.remove()
         foreign = self.query_one("#foreign", Static) if self.query("#foreign") else None
