@@ -1,0 +1,152 @@
+"""The catalogue of well-known models (catalogue.toml): entries, and their cards for placement."""
+# pyright: strict
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Literal, Self
+
+from pydantic import Field, ValidationError, model_validator
+
+from engine.errors import EngineError
+from engine.models import hf_cache_dir
+from engine.types import Frozen, ModelCard, Quantization
+
+ToolFormat = Literal["json_tools", "mistral", "harmony", "llama3_json", "none"]
+QuantizationMode = Literal["affine", "mxfp4"]
+
+
+class CatalogueError(EngineError):
+    pass
+
+
+class CatalogueEntry(Frozen):
+    """One model of the catalogue: its hub repo and the figures of its config.json."""
+
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$")
+    family: str
+    model_type: str
+    parameters: int = Field(gt=0)
+    layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    experts: int = Field(default=0, ge=0)
+    active_experts: int = Field(default=0, ge=0)
+    heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int | None = Field(default=None, gt=0)
+    vocab_size: int = Field(gt=0)
+    tied_embeddings: bool = False
+    bytes: int = Field(gt=0)
+    bits: int = Field(gt=0, le=16)
+    group_size: int = Field(gt=0)
+    quantization_mode: QuantizationMode = "affine"
+    context_length: int = Field(gt=0)
+    reasoning: bool
+    tool_format: ToolFormat
+    tensor: bool
+
+    @model_validator(mode="after")
+    def _shapes_agree(self) -> Self:
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})"
+            )
+        if self.head_dim is None and self.hidden_size % self.heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) is not a multiple of heads ({self.heads}); "
+                "give head_dim"
+            )
+        if (self.experts == 0) != (self.active_experts == 0) or self.active_experts > self.experts:
+            raise ValueError("experts and active_experts must both be set, active <= experts")
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.repo
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.hidden_size // self.heads
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per quantized weight, the per-group scale (and bias) included."""
+        if self.quantization_mode == "mxfp4":
+            return self.bits + 8 / self.group_size  # one 8-bit shared exponent per group
+        return self.bits + 32 / self.group_size  # a 16-bit scale and a 16-bit bias per group
+
+
+class _CatalogueFile(Frozen):
+    model: tuple[CatalogueEntry, ...]
+
+
+def _default_text() -> str:
+    return resources.files("exo_tui").joinpath("catalogue.toml").read_text(encoding="utf-8")
+
+
+def parse_catalogue(text: str, origin: str = "catalogue.toml") -> tuple[CatalogueEntry, ...]:
+    """Entries of a catalogue file; CatalogueError names the entry and field that are wrong."""
+    try:
+        data = tomllib.loads(text)
+        entries = _CatalogueFile.model_validate(data).model
+    except tomllib.TOMLDecodeError as error:
+        raise CatalogueError(f"{origin} is not valid TOML ({error})", "Fix the file") from error
+    except ValidationError as error:
+        raise CatalogueError(f"{origin} has a bad entry: {error}", "Fix the entry") from error
+    repos = [entry.repo for entry in entries]
+    duplicates = sorted({repo for repo in repos if repos.count(repo) > 1})
+    if duplicates:
+        raise CatalogueError(
+            f"{origin} lists {', '.join(duplicates)} more than once", "Keep one entry per repo"
+        )
+    return entries
+
+
+@functools.cache
+def load_catalogue(path: Path | None = None) -> tuple[CatalogueEntry, ...]:
+    """The catalogue shipped in the package, or the one at `path`."""
+    if path is None:
+        return parse_catalogue(_default_text())
+    return parse_catalogue(path.read_text(encoding="utf-8"), str(path))
+
+
+def find_entry(repo: str) -> CatalogueEntry | None:
+    """The catalogue entry of a repo id (any case), or None."""
+    wanted = repo.lower()
+    return next((e for e in load_catalogue() if e.repo.lower() == wanted), None)
+
+
+def cache_folder(repo: str) -> Path:
+    """Where the Hugging Face cache keeps a model repo (its snapshots live under it)."""
+    return hf_cache_dir() / ("models--" + repo.replace("/", "--"))
+
+
+def entry_card(entry: CatalogueEntry) -> ModelCard:
+    """The card placement reads, from the catalogue's figures alone (nothing on disk).
+
+    Its source is `hf_cache` and its path the repo's cache folder: where a download puts it.
+    """
+    reason = None if entry.tensor else f"mlx-lm's {entry.model_type} model has no shard()"
+    return ModelCard(
+        name=entry.repo,
+        path=str(cache_folder(entry.repo)),
+        source="hf_cache",
+        model_type=entry.model_type,
+        num_layers=entry.layers,
+        hidden_size=entry.hidden_size,
+        num_attention_heads=entry.heads,
+        num_kv_heads=entry.kv_heads,
+        head_dim=entry.attention_head_dim,
+        vocab_size=entry.vocab_size,
+        context_length=entry.context_length,
+        quantization=Quantization(bits=entry.bits, group_size=entry.group_size),
+        dtype="bfloat16",
+        bytes_on_disk=entry.bytes,
+        num_parameters=entry.parameters,
+        supports_tensor=entry.tensor,
+        tensor_unsupported_reason=reason,
+    )
