@@ -113,9 +113,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_no_mdns(chat)
     _add_models_dir(chat)
 
-    models = commands.add_parser("models", help="list the models found, with their cards")
+    models = commands.add_parser(
+        "models", help="list the models found and the catalogue; `models download REPO`"
+    )
     models.add_argument("--json", action="store_true", help="one JSON card per line")
     _add_models_dir(models)
+    models_commands = models.add_subparsers(dest="models_command")
+    fetch = models_commands.add_parser(
+        "download", help="download a model from Hugging Face into its cache (resumable)"
+    )
+    fetch.add_argument("repo", metavar="REPO", help="a repo id, e.g. mlx-community/Qwen3-4B-4bit")
+    fetch.add_argument(
+        "--layers",
+        metavar="START:END",
+        help="only the weight files holding these layers (END excluded), plus the shared files",
+    )
+    fetch.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
+    fetch.add_argument("--json", action="store_true", help="JSON Lines on stdout, one per event")
 
     node = commands.add_parser("node", help="run this machine as a headless peer of the cluster")
     _add_node_options(node)
@@ -207,6 +221,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from exo_tui.headless import run_chat
 
             return run_chat(args, cluster_setup(args) if args.cluster else None)
+        if args.command == "models" and args.models_command == "download":
+            from exo_tui.download_command import run_download
+
+            return run_download(args)
         if args.command == "models":
             from exo_tui.headless import list_models
 

@@ -261,6 +261,27 @@ def _card_lines(cards: list[ModelCard]) -> Iterator[str]:
         )
 
 
+def _catalogue_lines(cards: list[ModelCard], as_json: bool) -> Iterator[str]:
+    """Every catalogue model, with its size and whether it is on disk (JSON: `type` catalogue)."""
+    from exo_tui.catalogue import load_catalogue
+
+    paths = {card.name.lower(): card.path for card in cards}
+    if not as_json:
+        yield "\nCatalogue (exo-tui models download REPO):"
+    for entry in load_catalogue():
+        path = paths.get(entry.repo.lower())
+        if as_json:
+            line = {"type": "catalogue", "name": entry.repo, "path": path,
+                    "downloaded": path is not None, **entry.model_dump()}  # fmt: skip
+            yield json.dumps(line)
+        else:
+            yield (
+                f"{entry.repo:<52} {entry.parameters / 1e9:>6.1f}B params "
+                f"{entry.bytes / 1e9:>7.1f} GB {entry.bits}-bit  "
+                + ("downloaded" if path else "not downloaded")
+            )
+
+
 def list_models(args: argparse.Namespace) -> int:
     from engine.models import find_models_with_errors
 
@@ -273,6 +294,8 @@ def list_models(args: argparse.Namespace) -> int:
             print("No models found. Pass --models-dir DIR or download one from Hugging Face.")
         for line in _card_lines(cards):
             print(line)
+    for line in _catalogue_lines(cards, args.json):
+        print(line)
     for skip in skipped:
         print(f"exo-tui: skipped {skip.path}: {skip.error}", file=sys.stderr)
     return 0
