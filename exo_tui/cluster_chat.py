@@ -99,16 +99,16 @@ async def _chat(
             out.node_progress(event.node_id, names.get(event.node_id, event.node_id),
                               event.layers_loaded, event.total)  # fmt: skip
 
-    models = tuple(c.name for c in find_models(args.models_dir))
+    cards = find_models(args.models_dir)
     node = Node(
         setup.identity,
         setup.key,
-        stats=lambda: local_node_stats(models, identity=setup.identity),
+        stats=lambda: local_node_stats(identity=setup.identity, cards=cards),
         on_event=on_event,
         options=setup.options,
         models_dirs=args.models_dir,
     )
-    me = local_node_stats(models, identity=setup.identity)
+    me = local_node_stats(identity=setup.identity, cards=cards)
     code = 1
     async with anyio.create_task_group() as tasks:
         await tasks.start(node.run)

@@ -85,11 +85,11 @@ async def serve(
     from engine.models import find_models
 
     printer = EventPrinter(as_json)
-    models = tuple(card.name for card in find_models(models_dirs))
+    cards = find_models(models_dirs)
     node = Node(
         identity,
         key,
-        stats=lambda: local_node_stats(models, identity=identity),
+        stats=lambda: local_node_stats(identity=identity, cards=cards),
         on_event=printer.event,
         options=options,
         on_foreign=printer.foreign,

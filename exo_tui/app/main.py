@@ -179,7 +179,9 @@ class ExoTuiApp(App[None]):
         node = self._node = Node(
             setup.identity,
             setup.key,
-            stats=lambda: self._node_stats(tuple(c.name for c in self.cards)),
+            stats=lambda: self._node_stats(tuple(c.name for c in self.cards)).model_copy(
+                update={"cards": tuple(self.cards)}
+            ),
             on_event=self.dispatch,
             options=setup.options,
             on_foreign=self._foreign,

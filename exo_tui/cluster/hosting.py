@@ -40,6 +40,7 @@ from exo_tui.cluster.protocol import (
     StopInstance,
 )
 from exo_tui.cluster.ranks import LocalRing, RingError
+from exo_tui.cluster.state import HostedRunner
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,21 @@ class RankHost:
     @property
     def instances(self) -> tuple[str, ...]:
         return tuple(self._hosted)
+
+    def runners(self) -> tuple[HostedRunner, ...]:
+        """What this node runs for each instance, for its stats."""
+        found: list[HostedRunner] = []
+        for hosted in self._hosted.values():
+            ring = hosted.ring
+            if ring is None:
+                state = "starting"
+            elif ring.failure is not None:
+                state = "failed"
+            else:
+                state = "ready" if ring.ready else "loading"
+            ranks = tuple(spec.rank for spec in ring.specs) if ring is not None else ()
+            found.append(HostedRunner(instance_id=hosted.instance_id, ranks=ranks, state=state))
+        return tuple(found)
 
     def handle(self, coordinator: str, frame: HostCommand) -> None:
         """Act on a coordinator's command; long work runs in its own task."""

@@ -10,6 +10,7 @@ from typing import Any
 import psutil
 
 from engine import blas
+from engine.types import ModelCard
 from exo_tui.cluster.state import Backend, ClusterState, NodeStats
 from exo_tui.store.identity import NodeIdentity
 
@@ -25,7 +26,11 @@ def local_node_id() -> str:
     return f"local-{socket.gethostname()}"
 
 
-def local_node_stats(models: Sequence[str] = (), identity: NodeIdentity | None = None) -> NodeStats:
+def local_node_stats(
+    models: Sequence[str] = (),
+    identity: NodeIdentity | None = None,
+    cards: Sequence[ModelCard] = (),
+) -> NodeStats:
     """This machine's stats now, under its persistent identity when it has one."""
     memory = psutil.virtual_memory()
     return NodeStats(
@@ -35,7 +40,8 @@ def local_node_stats(models: Sequence[str] = (), identity: NodeIdentity | None =
         blas=blas.describe(),
         memory_total_bytes=int(memory.total),
         memory_available_bytes=int(memory.available),
-        models=tuple(models),
+        models=tuple(models) or tuple(card.name for card in cards),
+        cards=tuple(cards),
     )
 
 

@@ -352,9 +352,16 @@ class Node:
         """Whether `session` was dialed by the smaller of its two node ids."""
         return session.dialer == min(self.identity.node_id, session.peer.node_id)
 
+    def stats(self) -> NodeStats:
+        """This node's stats now, with the runners it hosts."""
+        stats = self._stats()
+        if self.host is not None:
+            stats = stats.model_copy(update={"runners": self.host.runners()})
+        return stats
+
     async def _send_stats(self, frames: FrameStream) -> None:
         while True:
-            await frames.send(StatsFrame(stats=self._stats()))
+            await frames.send(StatsFrame(stats=self.stats()))
             await anyio.sleep(STATS_INTERVAL_S)
 
     async def _receive(self, frames: FrameStream, peer: PeerInfo) -> str | None:

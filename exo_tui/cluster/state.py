@@ -21,10 +21,18 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
-from engine.types import Frozen
+from engine.types import Frozen, ModelCard
 from exo_tui.cluster.placement import Placement, Strategy
 
 Backend = Literal["cpu", "metal", "cuda"]
+
+
+class HostedRunner(Frozen):
+    """Ranks a node runs for an instance, as the node itself sees them."""
+
+    instance_id: str
+    ranks: tuple[int, ...] = ()
+    state: Literal["starting", "loading", "ready", "failed"]
 
 
 class NodeStats(Frozen):
@@ -37,6 +45,8 @@ class NodeStats(Frozen):
     memory_total_bytes: int = Field(ge=0)
     memory_available_bytes: int = Field(ge=0)
     models: tuple[str, ...] = ()
+    cards: tuple[ModelCard, ...] = ()  # the models' cards, for placing them from any node
+    runners: tuple[HostedRunner, ...] = ()
 
     @property
     def memory_used_bytes(self) -> int:

@@ -114,6 +114,17 @@ async def test_pipeline_over_two_nodes_is_token_identical_to_one_process(
         done = chunks[-1]
         assert isinstance(done, DoneChunk), chunks
         assert done.token_ids == expected.token_ids
+        # Each node reports the ranks it runs, and its models with their cards.
+        await cluster.wait(
+            lambda: all(
+                [r.state for r in n.stats.runners] == ["ready"] for n in cluster.state.nodes
+            ),
+            5,
+        )
+        assert {c.name for n in cluster.state.nodes for c in n.stats.cards} == {
+            "tiny-llama",
+            "demo",
+        }
         # A second turn on the same ring.
         again = await collect(cluster.node.coordinator.chat(REQUEST))
         assert isinstance(again[-1], DoneChunk) and again[-1].token_ids == expected.token_ids
