@@ -28,9 +28,8 @@ def test_chat_over_the_cluster_matches_one_process(
     assert together.returncode == 0, together.stderr
     lines = events(together.stdout)
     loads = [e for e in lines if e["type"] == "load"]
-    assert {e["node_id"] for e in loads} == {peer.node_id, loads[0]["node_id"]} and len(
-        {e["node_id"] for e in loads}
-    ) == 2
+    loaded_on = {e["node_id"] for e in loads}
+    assert peer.node_id in loaded_on and len(loaded_on) == 2  # the peer and this process
     for node_id in {e["node_id"] for e in loads}:
         last = [e for e in loads if e["node_id"] == node_id][-1]
         assert last["layers_loaded"] == last["total"] > 0
