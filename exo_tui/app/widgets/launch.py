@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual import on
@@ -15,6 +15,7 @@ from textual.widgets import RadioButton, RadioSet, Static
 
 from engine.types import ModelCard
 from exo_tui.app.screens.model_picker import describe
+from exo_tui.app.widgets import quiet
 from exo_tui.cluster.placement import Placement, PlacementError, Shard, Strategy, format_bytes
 
 
@@ -33,6 +34,21 @@ def shard_table(shards: tuple[Shard, ...], names: Mapping[str, str]) -> Table:
             Text(format_bytes(shard.bytes_available), style="green" if shard.fits else "red"),
         )
     return table
+
+
+def preview_key(placement: Placement | PlacementError | None, names: Mapping[str, str]) -> object:
+    """Everything the preview shows, at the precision it shows it (memory moves every second,
+    its rounded figure rarely does)."""
+    if placement is None:
+        return None
+    shards = tuple(
+        (names.get(s.node_id, s.node_id), s.start_layer, s.end_layer, s.fits,
+         format_bytes(s.bytes_needed), format_bytes(s.bytes_available))
+        for s in placement.shards
+    )  # fmt: skip
+    if isinstance(placement, Placement):
+        return ("fits", placement.strategy, placement.context_length, shards)
+    return ("error", placement.message, tuple(f.describe() for f in placement.shortfalls), shards)
 
 
 class LaunchPanel(Vertical):
@@ -66,25 +82,30 @@ class LaunchPanel(Vertical):
     ) -> None:
         model = self.query_one("#launch-model", Static)
         if card is None:
-            model.update("No model chosen — Ctrl+O picks one")
+            quiet.show(model, "No model chosen — Ctrl+O picks one")
         else:
-            model.update(Text.assemble((card.name, "bold"), "\n", describe(card)))
+            quiet.show(model, Text.assemble((card.name, "bold"), "\n", describe(card)))
         tensor = self.query_one("#strategy-tensor", RadioButton)
         note = self.query_one("#strategy-note", Static)
         tensor_ok = card is None or card.supports_tensor
         tensor.disabled = not tensor_ok
-        note.update(
+        quiet.show(
+            note,
             ""
             if tensor_ok or card is None
-            else Text(f"tensor unavailable: {card.tensor_unsupported_reason}", style="dim")
+            else Text(f"tensor unavailable: {card.tensor_unsupported_reason}", style="dim"),
         )
         button = "#strategy-tensor" if strategy == "tensor" else "#strategy-pipeline"
-        with self.prevent(RadioSet.Changed):
-            self.query_one(button, RadioButton).value = True
-        self.query_one("#placement", Static).update(self._preview(placement, names))
+        if not self.query_one(button, RadioButton).value:
+            with self.prevent(RadioSet.Changed):
+                self.query_one(button, RadioButton).value = True
+        preview = self.query_one("#placement", Static)
+        quiet.show(preview, self._preview(placement, names), preview_key(placement, names))
 
     @staticmethod
-    def _preview(placement: Placement | PlacementError | None, names: Mapping[str, str]) -> object:
+    def _preview(
+        placement: Placement | PlacementError | None, names: Mapping[str, str]
+    ) -> RenderableType:
         if placement is None:
             return ""
         if isinstance(placement, Placement):
@@ -102,7 +123,7 @@ class LaunchPanel(Vertical):
         return headline
 
     def set_status(self, text: str | Text) -> None:
-        self.query_one("#launch-status", Static).update(text)
+        quiet.show(self.query_one("#launch-status", Static), text)
 
     @on(RadioSet.Changed, "#strategy")
     def _strategy_changed(self, event: RadioSet.Changed) -> None:

@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import ProgressBar, Static
 
+from exo_tui.app.widgets import quiet
 from exo_tui.cluster.placement import format_bytes
 from exo_tui.cluster.state import (
     ClusterState,
@@ -72,10 +73,11 @@ class NodeCard(Vertical):
             f"\n{len(stats.models)} model{'s' if len(stats.models) != 1 else ''} on disk · ",
             runner_text(node),
         )
-        self.query_one("#node-text", Static).update(text)
+        quiet.show(self.query_one("#node-text", Static), text)
         bar = self.query_one("#node-load", ProgressBar)
         loading = node.runner if isinstance(node.runner, RunnerLoading) else None
-        bar.display = loading is not None
+        if bar.display != (loading is not None):
+            bar.display = loading is not None
         if loading is not None:
             bar.update(total=max(loading.layers_total, 1), progress=loading.layers_loaded)
 
@@ -110,7 +112,7 @@ class NodesPanel(VerticalScroll):
             if foreign is None:
                 self.mount(Static(lines, id="foreign"))
             else:
-                foreign.update(lines)
+                quiet.show(foreign, lines)
         elif foreign is not None:
             foreign.remove()
         self.border_subtitle = f"{len(state.online_nodes)} online" + (
