@@ -21,6 +21,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.containers import Horizontal, Vertical
 from textual.message import Message as TextualMessage
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState, get_current_worker
 
@@ -144,6 +145,7 @@ class ExoTuiApp(App[None]):
         self._answer: AnswerView | None = None
         self._cancel = threading.Event()
         self._load_started: float | None = None
+        self._load_clock: Timer | None = None
         self._generating = False
         self.max_tokens = 1024
         self.tools = builtin_registry(lambda: cluster_summary(self.state, self._model_name()))
@@ -394,7 +396,9 @@ class ExoTuiApp(App[None]):
             return
         self.dispatch(InstancePlaced(placement=self.placement))
         self._load_started = time.monotonic()
-        self.set_interval(0.2, self._tick_loading, name="load-clock")
+        if self._load_clock is not None:
+            self._load_clock.stop()
+        self._load_clock = self.set_interval(0.2, self._tick_loading, name="load-clock")
         if across:
             self._launch_on_cluster(self.placement, self.card)
         else:
@@ -433,8 +437,12 @@ class ExoTuiApp(App[None]):
             yield chunk
 
     def _tick_loading(self) -> None:
+        """The elapsed time while loading; the clock stops with the load."""
         if self.state.instance_status == "loading":
             self.query_one(LaunchPanel).set_status(self._status_text())
+        elif self._load_clock is not None:
+            self._load_clock.stop()
+            self._load_clock = None
 
     @work(thread=True, exclusive=True, group="load")
     def _load(self, card: ModelCard) -> None:
