@@ -14,10 +14,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from rich.text import Text
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message as TextualMessage
 from textual.screen import Screen
@@ -110,7 +112,7 @@ class TurnEnded(TextualMessage):
 class ExoTuiApp(App[None]):
     TITLE = "exo-tui"
     CSS_PATH = "app.tcss"
-    BINDINGS = APP_BINDINGS
+    BINDINGS: ClassVar[list[BindingType]] = [*APP_BINDINGS]
 
     def __init__(
         self,

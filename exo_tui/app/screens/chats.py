@@ -73,10 +73,10 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
             return None
         return self._chats[table.cursor_row]
 
-    def action_open(self) -> None:
+    async def action_open(self) -> None:
         rename = self.query_one("#chats-rename", Input)
         if rename.display:
-            rename.action_submit()
+            await rename.action_submit()
             return
         self.dismiss(self._selected())
 

@@ -57,7 +57,7 @@ class LaunchPanel(Vertical):
     class StrategyChosen(Message):
         def __init__(self, strategy: Strategy) -> None:
             super().__init__()
-            self.strategy = strategy
+            self.strategy: Strategy = strategy
 
     def compose(self) -> ComposeResult:
         yield Static("No model chosen — Ctrl+O picks one", id="launch-model")
