@@ -116,9 +116,9 @@ class RankHost:
                     self._send, coordinator, PortsReserved(instance_id=iid, ports=ports)
                 )
             case LaunchRanks():
-                self._tasks.start_soon(self._launch, coordinator, frame)
+                self._tasks.start_soon(self._guarded, coordinator, frame, self._launch)
             case ChatFrame():
-                self._tasks.start_soon(self._chat, coordinator, frame)
+                self._tasks.start_soon(self._guarded, coordinator, frame, self._chat)
             case CancelChat(instance_id=iid, request_id=rid):
                 hosted = self._hosted.get(iid)
                 if hosted is not None and rid in hosted.cancels:
@@ -137,6 +137,22 @@ class RankHost:
             await self._stop(instance_id, False)
 
     # ------------------------------------------------------------------ commands
+
+    async def _guarded(
+        self,
+        coordinator: str,
+        frame: LaunchRanks | ChatFrame,
+        work: Callable[[str, Any], Coroutine[Any, Any, None]],
+    ) -> None:
+        """Run `work`; anything unexpected fails the instance instead of the node."""
+        try:
+            await work(coordinator, frame)
+        except Exception as error:  # the node serves other peers and instances: it stays up
+            log.exception("instance %s failed", frame.instance_id)
+            hosted = self._hosted.get(frame.instance_id) or _Hosted(frame.instance_id, coordinator)
+            reason = f"node {self.node_name}: {type(error).__name__}: {error}"
+            with anyio.CancelScope(shield=True):
+                await self._failed(hosted, reason)
 
     def _card(self, name: str) -> ModelCard | None:
         cards = find_models(self.models_dirs, include_bundled=self.include_bundled)

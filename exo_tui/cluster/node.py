@@ -360,8 +360,12 @@ class Node:
         return stats
 
     async def _send_stats(self, frames: FrameStream) -> None:
+        """Stats every second until the connection breaks (the receiving side says why)."""
         while True:
-            await frames.send(StatsFrame(stats=self.stats()))
+            try:
+                await frames.send(StatsFrame(stats=self.stats()))
+            except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return
             await anyio.sleep(STATS_INTERVAL_S)
 
     async def _receive(self, frames: FrameStream, peer: PeerInfo) -> str | None:
