@@ -62,6 +62,7 @@ Send = Callable[[str, Frame], Coroutine[Any, Any, None]]
 Address = Callable[[str], str]  # node id -> the address the ring reaches it on
 
 RESERVE_TIMEOUT_S = 10.0
+GATHER_S = 0.5  # how long a failure waits for the other nodes' reports
 STOP_TIMEOUT_S = 10.0
 
 
@@ -310,13 +311,33 @@ class Coordinator:
             self._on_event(Unloaded(node_id=node_id))
 
     async def _fail(self, instance: _Instance, reason: str, node_id: str | None = None) -> None:
-        """Mark the instance failed, stop every other node, and raise ClusterError."""
+        """Mark the instance failed, stop every other node, and raise ClusterError.
+
+        The first report is often a node that only lost its ring peer; the one whose runner
+        actually died reports a moment later. Gather the reports for a moment and put the
+        cause first."""
+        reports = [(node_id, reason)]
+        with anyio.move_on_after(GATHER_S):
+            while True:
+                other, frame = await self._next(instance)
+                if isinstance(frame, InstanceFailed):
+                    reports.append((other, frame.reason))
+        causes = [r for r in reports if not _lost_a_peer(r[1])] or reports
+        node_id, reason = causes[0]
+        echoes = [r for _, r in reports if r != reason]
+        if echoes:
+            reason += "; then: " + "; ".join(echoes)
         instance.failed = reason
         if node_id is not None:
             self._on_event(LoadFailed(node_id=node_id, reason=reason))
         self.instance = None
         await self._stop_nodes(instance, wait=False, skip=node_id)
         raise ClusterError(reason, "Place the model again on the nodes that are left")
+
+
+def _lost_a_peer(reason: str) -> bool:
+    """A report of a rank that only saw its ring peer go away (MLX's words for it)."""
+    return "peer was lost" in reason or "Socket" in reason or "connection to a peer" in reason
 
 
 def from_error(message: str) -> list[Chunk]:
