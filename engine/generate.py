@@ -230,3 +230,52 @@ def generate(
         ),
         token_ids=tuple(token_ids),
     )
+
+
+# Two different next messages: what their renderings share is what any next turn starts with.
+_PROBES = ("a", "z")
+PREFILL_CHUNK = 64  # tokens per step of the next-turn prefill; a cancel waits at most one step
+
+
+def next_turn_prefix(loaded: LoadedModel, request: ChatRequest) -> list[int]:
+    """The prompt tokens every next turn of this conversation starts with: the history as the
+    chat template will render it then (which can differ from what was generated: templates
+    drop reasoning from earlier answers, and text does not always re-tokenize to the same ids)."""
+    renders = [
+        render_prompt(
+            loaded,
+            request.model_copy(
+                update={"messages": (*request.messages, Message(role="user", content=probe))}
+            ),
+        )
+        for probe in _PROBES
+    ]
+    shared = 0
+    for first, second in zip(*renders, strict=False):
+        if first != second:
+            break
+        shared += 1
+    return renders[0][:shared]
+
+
+def prefill_next_turn(
+    loaded: LoadedModel, request: ChatRequest, cancel: CancelToken | None = None
+) -> int:
+    """Prefill the conversation as the next turn will see it, so that turn's TTFT covers only
+    the new message; meant for the time the user spends typing. Returns the tokens prefilled
+    (0 when the prompt cache already held them or `cancel` came first)."""
+    cancel = cancel or NeverCancelled()
+    prefix = next_turn_prefix(loaded, request)
+    if len(prefix) < 2:
+        return 0
+    cache, rest = loaded.prompt_cache.take(loaded.model, prefix)
+    if len(rest) <= 1:  # all cached already (take gives one token back to feed)
+        return 0
+    model: Any = loaded.model
+    for start in range(0, len(rest), PREFILL_CHUNK):
+        if cancel.is_set():
+            return 0
+        model(mx.array(rest[start : start + PREFILL_CHUNK])[None], cache=cache)
+        mx.eval([c.state for c in cache])  # pyright: ignore[reportUnknownMemberType]
+    loaded.prompt_cache.keep(prefix, cache)
+    return len(rest)

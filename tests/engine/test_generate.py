@@ -12,7 +12,7 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm import stream_generate
 
 from engine.errors import RequestError
-from engine.generate import generate, render_prompt
+from engine.generate import generate, next_turn_prefix, prefill_next_turn, render_prompt
 from engine.loading import LoadedModel, load_model, load_model_sync
 from engine.types import (
     ChatRequest,
@@ -128,6 +128,40 @@ def test_next_turn_prefills_only_the_new_tokens(loaded: LoadedModel) -> None:
     cold = done_of(generate(loaded, second))
     assert cold.usage.cached_tokens == 0
     assert cold.token_ids == done2.token_ids
+
+
+def test_prefilling_the_next_turn_leaves_only_the_new_message_to_prefill(
+    loaded: LoadedModel,
+) -> None:
+    loaded.prompt_cache.clear()
+    first = chat("What is a pipeline?", max_tokens=12)
+    done1 = done_of(generate(loaded, first))
+    history = (
+        *first.messages,
+        Message(role="assistant", content=loaded.tokenizer.decode(list(done1.token_ids))),
+    )
+    # What the app does while the user types the next question.
+    prefilled = prefill_next_turn(loaded, first.model_copy(update={"messages": history}))
+    prefix = next_turn_prefix(loaded, first.model_copy(update={"messages": history}))
+    assert prefilled > 0 and len(prefix) > len(render_prompt(loaded, first))
+    assert prefill_next_turn(loaded, first.model_copy(update={"messages": history})) == 0  # done
+    second = chat("And tensor parallel?", *history, max_tokens=12)
+    prompt2 = render_prompt(loaded, second)
+    assert prompt2[: len(prefix)] == prefix
+    done2 = done_of(generate(loaded, second))
+    assert done2.usage.cached_tokens == len(prefix)
+    # Same tokens as a cold start of the same turn.
+    loaded.prompt_cache.clear()
+    assert done_of(generate(loaded, second)).token_ids == done2.token_ids
+
+
+def test_a_cancelled_next_turn_prefill_stores_nothing(loaded: LoadedModel) -> None:
+    loaded.prompt_cache.clear()
+    cancel = threading.Event()
+    cancel.set()
+    request = chat("hello there", max_tokens=4)
+    assert prefill_next_turn(loaded, request, cancel) == 0
+    assert len(loaded.prompt_cache) == 0
 
 
 def test_edited_turn_reuses_the_longest_common_prefix(loaded: LoadedModel) -> None:
