@@ -108,6 +108,7 @@ def worker_engine(model: str) -> dict[str, Any]:
 
     app_chat = ten_turn_ttfts(loaded, with_tools=True)
     bare_chat = ten_turn_ttfts(loaded, with_tools=False)
+    typing_chat = ten_turn_ttfts(loaded, with_tools=False, prefill_while_typing=True)
     return {
         "load_s": load_s,
         "prefill_tps": done.stats.prefill_tps,
@@ -117,15 +118,20 @@ def worker_engine(model: str) -> dict[str, Any]:
         "blas": blas.describe(),
         "app_chat": app_chat,
         "bare_chat": bare_chat,
+        "typing_chat": typing_chat,
     }
 
 
-def ten_turn_ttfts(loaded: Any, *, with_tools: bool) -> dict[str, Any]:
+def ten_turn_ttfts(
+    loaded: Any, *, with_tools: bool, prefill_while_typing: bool = False
+) -> dict[str, Any]:
     """TTFT of each turn of a 10-turn chat whose history grows every turn.
 
     `with_tools` sends what the app sends every turn: a system message and the built-in tools.
+    `prefill_while_typing` prefills the next turn's history between turns, as the app does while
+    the user types (not timed: the user is typing).
     """
-    from engine.generate import generate
+    from engine.generate import generate, prefill_next_turn
     from engine.types import ChatRequest, DoneChunk, Message
     from exo_tui.tools import BUILTIN_TOOLS
 
@@ -148,6 +154,8 @@ def ten_turn_ttfts(loaded: Any, *, with_tools: bool) -> dict[str, Any]:
         new_tokens.append(done.usage.prompt_tokens - done.usage.cached_tokens)
         answer = loaded.tokenizer.decode(list(done.token_ids))
         history.append(Message(role="assistant", content=answer))
+        if prefill_while_typing:
+            prefill_next_turn(loaded, request.model_copy(update={"messages": tuple(history)}))
     return {"ttfts": ttfts, "new_tokens": new_tokens, "history_tokens": done.usage.prompt_tokens}
 
 
@@ -209,7 +217,12 @@ def main() -> None:
         a, e = median("mlx_lm", key), median("engine", key)
         print(f"| {label} | {a:.2f} | {e:.2f} | {e / a:.2f}x | {target} |")
     print(f"| token ids identical | | | {'yes' if identical else 'NO'} | yes |")
-    for key, label in (("app_chat", "system + tools"), ("bare_chat", "no system, no tools")):
+    chats = (
+        ("app_chat", "system + tools"),
+        ("bare_chat", "no system, no tools"),
+        ("typing_chat", "no system, no tools, next turn prefilled while the user types"),
+    )
+    for key, label in chats:
         first = statistics.median(r[key]["ttfts"][0] for r in engine)
         tenth = statistics.median(r[key]["ttfts"][9] for r in engine)
         chat = engine[0][key]
