@@ -34,13 +34,16 @@ from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk,
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.keymap import KeymapError, load_keymap
 from exo_tui.app.screens.chats import ChatsScreen
+from exo_tui.app.screens.download_confirm import DownloadConfirm
 from exo_tui.app.screens.help import HelpScreen
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.screens.nodes import Cancelled as NODES_CANCELLED
 from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
+from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
+from exo_tui.catalogue import CatalogueEntry, entry_card, load_catalogue
 from exo_tui.cluster.coordinator import ClusterError, lacking_model
 from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
@@ -123,8 +126,11 @@ class ExoTuiApp(App[None]):
         node_stats: Callable[[Sequence[str]], NodeStats] = local_node_stats,
         bundled: bool = True,
         cluster: ClusterSetup | None = None,
+        catalogue: Sequence[CatalogueEntry] | None = None,
     ) -> None:
+        """`catalogue`: the models the picker offers to download (default: the packaged one)."""
         super().__init__()
+        self._catalogue = tuple(catalogue) if catalogue is not None else load_catalogue()
         self._cluster = cluster
         self._refused: set[str] = set()
         self._node: Node | None = None
@@ -159,6 +165,7 @@ class ExoTuiApp(App[None]):
         with Horizontal(id="main"):
             with Vertical(id="side"):
                 yield NodesPanel(id="nodes")
+                yield DownloadPanel(id="download")
                 yield LaunchPanel(id="launch")
             with Vertical(id="chat"):
                 yield ChatPane(id="chat-pane")
@@ -323,6 +330,7 @@ class ExoTuiApp(App[None]):
         elif chosen is not None or cards:
             self.choose_model(chosen or cards[0])
         if self._load_at_start:
+            self._load_at_start = False  # models are found again after each download
             self.action_launch()
 
     def _choose_path(self, spec: str) -> None:
@@ -339,26 +347,62 @@ class ExoTuiApp(App[None]):
             self.state = apply(self.state, StrategySelected(strategy="pipeline"))
         self.dispatch(ModelSelected(model=card.name))
 
+    def _fit(self, card: ModelCard) -> tuple[bool, str]:
+        """Whether `card` fits the chosen nodes (pipeline, else tensor), and a note saying so."""
+        result = place(self.state.candidates, card, "pipeline", context_length=CONTEXT_LENGTH)
+        if isinstance(result, PlacementError) and card.supports_tensor:
+            tensor = place(self.state.candidates, card, "tensor", context_length=CONTEXT_LENGTH)
+            result = tensor if isinstance(tensor, Placement) else result
+        if isinstance(result, Placement):
+            return True, f"fits ({result.strategy})"
+        return False, result.message
+
     def _picker_entries(self) -> list[PickerEntry]:
-        entries: list[PickerEntry] = []
-        for card in self.cards:
-            result = place(self.state.candidates, card, "pipeline", context_length=CONTEXT_LENGTH)
-            if isinstance(result, PlacementError) and card.supports_tensor:
-                tensor = place(self.state.candidates, card, "tensor", context_length=CONTEXT_LENGTH)
-                result = tensor if isinstance(tensor, Placement) else result
-            if isinstance(result, Placement):
-                entries.append(PickerEntry(card, True, f"fits ({result.strategy})"))
-            else:
-                entries.append(PickerEntry(card, False, result.message))
+        """Models on disk, then the catalogue's models that are not."""
+        entries = [PickerEntry(card, *self._fit(card)) for card in self.cards]
+        on_disk = {card.name.lower() for card in self.cards}
+        for entry in self._catalogue:
+            if entry.repo.lower() not in on_disk:
+                card = entry_card(entry)
+                entries.append(PickerEntry(card, *self._fit(card), catalogue=entry))
         return entries
 
     def action_pick_model(self) -> None:
-        def chosen(card: ModelCard | None) -> None:
-            if card is not None:
-                self.choose_model(card)
+        def chosen(entry: PickerEntry | None) -> None:
+            if entry is None:
+                return
+            if entry.catalogue is None:
+                self.choose_model(entry.card)
+            else:
+                self._offer_download(entry.catalogue, entry.fits, entry.fit_note)
 
         current = self.card.name if self.card else None
         self.push_screen(ModelPicker(self._picker_entries(), current), chosen)
+
+    # Downloads
+
+    def _offer_download(self, entry: CatalogueEntry, fits: bool, fit_note: str) -> None:
+        panel = self.query_one(DownloadPanel)
+        if panel.active:
+            self.notify(f"{panel.repo_id} is downloading; Esc cancels it.", severity="warning")
+            return
+
+        def confirmed(download: bool | None) -> None:
+            if download:
+                panel.start(entry.repo)
+
+        self.push_screen(DownloadConfirm(entry, fits, fit_note), confirmed)
+
+    @on(DownloadPanel.Finished)
+    def _downloaded(self, message: DownloadPanel.Finished) -> None:
+        self.notify(f"{message.repo_id} is downloaded. Ctrl+L launches it.")
+        self._preselect = message.repo_id  # chosen once the models are found again
+        self._find_models()
+
+    @on(DownloadPanel.Failed)
+    def _download_failed(self, message: DownloadPanel.Failed) -> None:
+        severity = "warning" if message.cancelled else "error"
+        self.notify(message.error, severity=severity, timeout=10)
 
     def action_toggle_strategy(self) -> None:
         self._set_strategy("tensor" if self.state.strategy == "pipeline" else "pipeline")
@@ -461,6 +505,9 @@ class ExoTuiApp(App[None]):
                     progress = next(loading)
                 except StopIteration as done:
                     loaded: LoadedModel = done.value
+                    # Read by path, a model in the hub cache is named after its snapshot folder
+                    # (a commit id); the chosen card has the name the user picked.
+                    loaded.card = card
                     break
                 if worker.is_cancelled:
                     post(ClusterChanged(Unloaded(node_id=node)))
@@ -515,6 +562,8 @@ class ExoTuiApp(App[None]):
             self._cancel.set()
         elif self.state.instance_status == "loading":
             self.workers.cancel_group(self, "load")
+        else:
+            self.query_one(DownloadPanel).cancel()
 
     # Chat
 

@@ -15,8 +15,10 @@ from textual.widgets import Static
 
 from engine.types import DoneChunk, Stats, TextChunk, ToolCallChunk, ToolResult, Usage
 from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.screens.model_picker import ModelPicker
 from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import ChatPane, PromptInput
+from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.nodes import NodeCard
 from exo_tui.cluster.state import (
     ForeignNode,
@@ -31,6 +33,7 @@ from exo_tui.cluster.state import (
     NodeSeen,
     Unloaded,
 )
+from exo_tui.downloads import DownloadProgress
 from tests.app.helpers import fixed_stats, wait_until
 
 SIZE = (120, 36)
@@ -191,6 +194,30 @@ async def lost(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await settle(app, pilot)
 
 
+async def picker(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """The model picker (Ctrl+O): the model on disk, then catalogue models to download."""
+    await _model_chosen(app, pilot)
+    await pilot.press("ctrl+o")
+    await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker))
+    await settle(app, pilot)
+
+
+async def downloading(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """A catalogue model halfway down: the overall bar and the current file's (scripted)."""
+    await _model_chosen(app, pilot)
+    repo = "mlx-community/Llama-3.2-1B-Instruct-4bit"
+    panel = app.query_one(DownloadPanel)
+    panel.begin(repo)
+    panel.show_progress(
+        DownloadProgress(
+            repo_id=repo, file="model.safetensors", file_bytes=312_400_000,
+            file_total=695_300_000, bytes_done=329_900_000, total=712_800_000, files_done=5,
+            files_total=6,
+        )
+    )  # fmt: skip
+    await settle(app, pilot)
+
+
 SCENES: dict[str, Scene] = {
     "empty": empty,
     "placement": placement,
@@ -200,4 +227,6 @@ SCENES: dict[str, Scene] = {
     "cluster": cluster,
     "nodes": nodes,
     "lost": lost,
+    "picker": picker,
+    "downloading": downloading,
 }

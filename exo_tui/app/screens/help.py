@@ -16,7 +16,7 @@ ABOUT = """\
 Run one model across the machines you own. Run `exo-tui node` on the other machines: nodes find
 each other over mDNS, or name one with `--peer host:port`.
 
-1. **Model** — pick one (the bundled demo works offline).
+1. **Model** — pick one (the bundled demo works offline); a catalogue model is downloaded first.
 2. **Strategy** — *pipeline* gives each node a contiguous range of layers, sized by memory;
    *tensor* splits every layer across the nodes.
 3. **Launch** — each node loads its layers; the bars show them land.

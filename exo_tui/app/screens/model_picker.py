@@ -1,4 +1,4 @@
-"""The model picker: every model found, with its size and whether it fits; type to filter."""
+"""The model picker: models on disk, then catalogue models to download, with size and fit."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from engine.types import ModelCard
+from exo_tui.catalogue import CatalogueEntry
+from exo_tui.cluster.placement import format_bytes
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class PickerEntry:
     card: ModelCard
     fits: bool
     fit_note: str  # e.g. "fits (pipeline)" or "needs 3.1 GB more"
+    catalogue: CatalogueEntry | None = None  # set for a catalogue model that is not on disk
 
 
 def describe(card: ModelCard) -> str:
@@ -30,8 +33,38 @@ def describe(card: ModelCard) -> str:
     return f"{card.model_type}, {card.num_layers} layers, {size}, {weights}"
 
 
-class ModelPicker(ModalScreen[ModelCard | None]):
-    """Pick a model; dismisses with the card, or None when cancelled."""
+def describe_entry(entry: CatalogueEntry) -> str:
+    return (
+        f"{entry.model_type}, {entry.parameters / 1e9:.1f}B params, {entry.layers} layers, "
+        f"{format_bytes(entry.bytes)}, {entry.bits}-bit"
+    )
+
+
+def entry_label(entry: PickerEntry) -> Text:
+    card = entry.card
+    if entry.catalogue is not None:
+        where, details = ("  catalogue · not downloaded", "yellow"), describe_entry(entry.catalogue)
+    else:
+        where = ("  demo" if card.source == "bundled" else f"  {card.source}", "dim")
+        details = describe(card)
+    return Text.assemble(
+        (card.name, "bold"),
+        where,
+        "\n  ",
+        details,
+        "  ",
+        (entry.fit_note, "green" if entry.fits else "red"),
+    )
+
+
+def haystack(entry: PickerEntry) -> str:
+    """What the filter matches: name, type, where it is (and "catalogue download")."""
+    where = "catalogue download" if entry.catalogue is not None else entry.card.source
+    return f"{entry.card.name} {entry.card.model_type} {where}".lower()
+
+
+class ModelPicker(ModalScreen[PickerEntry | None]):
+    """Pick a model; dismisses with its entry, or None when cancelled."""
 
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", id="picker.cancel"),
@@ -65,18 +98,9 @@ class ModelPicker(ModalScreen[ModelCard | None]):
         words = query.lower().split()
         highlighted: int | None = None
         for entry in self._entries:
-            haystack = f"{entry.card.name} {entry.card.model_type} {entry.card.source}".lower()
-            if not all(word in haystack for word in words):
+            if not all(word in haystack(entry) for word in words):
                 continue
-            label = Text.assemble(
-                (entry.card.name, "bold"),
-                ("  demo" if entry.card.source == "bundled" else f"  {entry.card.source}", "dim"),
-                "\n  ",
-                describe(entry.card),
-                "  ",
-                (entry.fit_note, "green" if entry.fits else "red"),
-            )
-            options.add_option(Option(label, id=entry.card.path))
+            options.add_option(Option(entry_label(entry), id=entry.card.path))
             if entry.card.name == self._selected:
                 highlighted = options.option_count - 1
         if options.option_count:
@@ -99,7 +123,7 @@ class ModelPicker(ModalScreen[ModelCard | None]):
     def _choose(self, path: str | None) -> None:
         for entry in self._entries:
             if entry.card.path == path:
-                self.dismiss(entry.card)
+                self.dismiss(entry)
                 return
 
     def action_cursor_down(self) -> None:
