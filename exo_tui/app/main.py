@@ -28,7 +28,7 @@ from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from engine.errors import EngineError
-from engine.generate import CancelToken
+from engine.generate import CancelToken, prefill_next_turn
 from engine.loading import LoadedModel
 from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, TextChunk
 from exo_tui.app.bindings import APP_BINDINGS
@@ -152,6 +152,9 @@ class ExoTuiApp(App[None]):
         self.messages: list[Message] = []
         self._answer: AnswerView | None = None
         self._cancel = threading.Event()
+        # One generation or next-turn prefill at a time on the model.
+        self._engine_lock = threading.Lock()
+        self._prefill_cancel = threading.Event()
         self._load_started: float | None = None
         self._load_clock: Timer | None = None
         self._generating = False
@@ -545,6 +548,7 @@ class ExoTuiApp(App[None]):
             self.notify("Stop the answer first (Esc).")
             return
         self.workers.cancel_group(self, "load")
+        self._prefill_cancel.set()
         if self._node is not None and self._node.coordinator.instance is not None:
             self.cluster_card = None
             self.run_worker(self._node.coordinator.stop(), group="unload")
@@ -599,6 +603,8 @@ class ExoTuiApp(App[None]):
         self._answer = await pane.start_answer()
         self._generating = True
         self._cancel = threading.Event()
+        self._prefill_cancel.set()  # stop prefilling for this turn: it is here
+        self._prefill_cancel = threading.Event()
         for node_id in self._serving_nodes():
             self.dispatch(GenerationStarted(node_id=node_id))
         request = ChatRequest(
@@ -627,6 +633,25 @@ class ExoTuiApp(App[None]):
         answer: AnswerView,
         cancel: threading.Event,
     ) -> None:
+        prefill_cancel = self._prefill_cancel  # the next prompt (or an unload) sets it
+        with self._engine_lock:  # after any next-turn prefill has stopped
+            added = self._run_turn(answerer, request, answer, cancel)
+        if added is not None and isinstance(answerer, LoadedModel):
+            # While the user reads and types, prefill the history as the next turn will see
+            # it; sending the next message stops this within one step.
+            history = request.model_copy(update={"messages": (*request.messages, *added)})
+            with self._engine_lock:
+                if not prefill_cancel.is_set():
+                    prefill_next_turn(answerer, history, prefill_cancel)
+
+    def _run_turn(
+        self,
+        answerer: LoadedModel | GenerateFn,
+        request: ChatRequest,
+        answer: AnswerView,
+        cancel: threading.Event,
+    ) -> list[Message] | None:
+        """Stream one turn into `answer`; the messages it added, None when it failed."""
         turn = chat_turn(answerer, request, self.tools, cancel)
         pending: list[TurnEvent] = []
         flushed = time.monotonic()
@@ -637,7 +662,7 @@ class ExoTuiApp(App[None]):
                 except StopIteration as done:
                     answer.post_message(AnswerView.Feed(pending))
                     self.post_message(TurnEnded(done.value))
-                    return
+                    return done.value
                 # Tokens arrive faster than a screen redraws: text goes in batches, at most every
                 # STREAM_INTERVAL seconds; anything else at once.
                 coalesce(pending, event)
@@ -652,6 +677,7 @@ class ExoTuiApp(App[None]):
             self.post_message(TurnEnded([], error=str(error)))
         except Exception as error:  # the app keeps running, the chat keeps its history
             self.post_message(TurnEnded([], error=f"{type(error).__name__}: {error}"))
+        return None
 
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:

@@ -1,0 +1,52 @@
+"""While the user types, the app prefills the next turn: its prompt is then all cached but the
+new message, and sending stops a prefill that is still running."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine.generate import next_turn_prefix, render_prompt
+from engine.types import ChatRequest, Message
+from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.widgets.chat import PromptInput, StatsLine
+from exo_tui.cluster.state import RunnerReady
+from tests.app.helpers import fixed_stats, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_next_turn_is_prefilled_after_an_answer(tiny_llama: Path, tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(tiny_llama, models / "tiny-llama")
+    app = ExoTuiApp(
+        model="tiny-llama", models_dirs=[models], node_stats=fixed_stats(), bundled=False
+    )
+    app.max_tokens = 16
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.card is not None)
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.state.nodes[0].runner, RunnerReady))
+        assert app.loaded is not None
+        await pilot.click(PromptInput)
+        await pilot.press(*"hello there", "enter")
+        await wait_until(pilot, lambda: bool(app.query(StatsLine)) and not app._generating)
+        history = ChatRequest(messages=tuple(app.messages), tools=app.tools.specs)
+        prefix = next_turn_prefix(app.loaded, history)
+        # The prefill runs in the answer's worker after the turn: wait for it to be stored.
+        await wait_until(pilot, lambda: not app.workers or all(w.is_finished for w in app.workers))
+        cache, rest = app.loaded.prompt_cache.take(app.loaded.model, prefix)
+        assert len(rest) == 1  # all of it is cached (one token is given back to feed)
+        await pilot.press(*"and again", "enter")
+        await wait_until(pilot, lambda: len(app.query(StatsLine)) == 2 and not app._generating)
+        done = app.query(StatsLine).last().done
+        assert done.usage.cached_tokens >= len(prefix) - 1
+        second = ChatRequest(
+            messages=(*history.messages, Message(role="user", content="and again")),
+            tools=app.tools.specs,
+        )
+        # Only the new message (and its template markers) was prefilled on the critical path.
+        new = done.usage.prompt_tokens - done.usage.cached_tokens
+        assert new <= len(render_prompt(app.loaded, second)) - len(prefix) + 1
