@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -34,14 +33,15 @@ from exo_tui.cluster.protocol import (
     ChatFinished,
     ChatFrame,
     ChunkFrame,
-    Frame,
     InstanceFailed,
+    InstanceReport,
     InstanceStopped,
     LaunchRanks,
     PortsReserved,
     RanksProgress,
     RanksReady,
     ReservePorts,
+    SendFrame,
     StopInstance,
 )
 from exo_tui.cluster.state import (
@@ -54,11 +54,6 @@ from exo_tui.cluster.state import (
     Unloaded,
 )
 
-CoordinatorFrame = (
-    PortsReserved | RanksProgress | RanksReady | InstanceFailed | ChunkFrame | ChatFinished
-    | InstanceStopped
-)  # fmt: skip
-Send = Callable[[str, Frame], Coroutine[Any, Any, None]]
 Address = Callable[[str], str]  # node id -> the address the ring reaches it on
 
 RESERVE_TIMEOUT_S = 10.0
@@ -106,20 +101,20 @@ class Coordinator:
     """Launches, chats with and stops one instance at a time, through the node's sessions."""
 
     def __init__(
-        self, send: Send, address: Address, on_event: Callable[[ClusterEvent], None]
+        self, send: SendFrame, address: Address, on_event: Callable[[ClusterEvent], None]
     ) -> None:
         self._send = send
         self._address = address
         self._on_event = on_event
         self.instance: _Instance | None = None
         self.tasks: anyio.abc.TaskGroup | None = None  # set by the node while it runs
-        inbox = anyio.create_memory_object_stream[tuple[str, CoordinatorFrame]](math.inf)
-        self._inbox_in: MemoryObjectSendStream[tuple[str, CoordinatorFrame]] = inbox[0]
-        self._inbox: MemoryObjectReceiveStream[tuple[str, CoordinatorFrame]] = inbox[1]
+        inbox = anyio.create_memory_object_stream[tuple[str, InstanceReport]](math.inf)
+        self._inbox_in: MemoryObjectSendStream[tuple[str, InstanceReport]] = inbox[0]
+        self._inbox: MemoryObjectReceiveStream[tuple[str, InstanceReport]] = inbox[1]
 
     # ------------------------------------------------------------------ from the node
 
-    def feed(self, node_id: str, frame: CoordinatorFrame) -> None:
+    def feed(self, node_id: str, frame: InstanceReport) -> None:
         """A frame from a node about an instance; consumers drop those of earlier instances."""
         self._inbox_in.send_nowait((node_id, frame))
 
@@ -136,7 +131,7 @@ class Coordinator:
         if self.tasks is not None:
             self.tasks.start_soon(self._stop_nodes, instance, False, node_id)
 
-    async def _next(self, instance: _Instance) -> tuple[str, CoordinatorFrame]:
+    async def _next(self, instance: _Instance) -> tuple[str, InstanceReport]:
         """The next frame about `instance` (frames about earlier ones are dropped)."""
         while True:
             node_id, frame = await self._inbox.receive()
@@ -264,7 +259,7 @@ class Coordinator:
                     )
             # Never yield inside a cancel scope: each step of this generator may run in
             # another task (a thread steps it with anyio.from_thread).
-            item: tuple[str, CoordinatorFrame] | None = None
+            item: tuple[str, InstanceReport] | None = None
             with anyio.move_on_after(0.1):
                 item = await self._next(instance)
             if item is None:

@@ -29,7 +29,7 @@ from exo_tui.cluster.protocol import (
     ChatFinished,
     ChatFrame,
     ChunkFrame,
-    Frame,
+    HostCommand,
     InstanceFailed,
     InstanceStopped,
     LaunchRanks,
@@ -37,15 +37,13 @@ from exo_tui.cluster.protocol import (
     RanksProgress,
     RanksReady,
     ReservePorts,
+    SendFrame,
     StopInstance,
 )
 from exo_tui.cluster.ranks import LocalRing, RingError
 from exo_tui.cluster.state import HostedRunner
 
 log = logging.getLogger(__name__)
-
-Send = Callable[[str, Frame], Coroutine[Any, Any, None]]  # (peer node id, frame)
-HostCommand = ReservePorts | LaunchRanks | ChatFrame | CancelChat | StopInstance
 
 
 def reserve_ports(count: int, host: str = "0.0.0.0") -> list[int]:
@@ -76,7 +74,7 @@ class RankHost:
         self,
         node_name: str,
         models_dirs: Sequence[Path] | None,
-        send: Send,
+        send: SendFrame,
         tasks: anyio.abc.TaskGroup,
         include_bundled: bool = True,
     ) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,26 +30,16 @@ from exo_tui.cluster.discovery import Advert, Discovery, PeerFound, PeerRemoved
 from exo_tui.cluster.hosting import RankHost
 from exo_tui.cluster.protocol import (
     PROTOCOL_VERSION,
-    CancelChat,
-    ChatFinished,
-    ChatFrame,
-    ChunkFrame,
     Frame,
     FrameStream,
     Goodbye,
     HandshakeRefused,
     Heartbeat,
-    InstanceFailed,
-    InstanceStopped,
-    LaunchRanks,
+    HostCommand,
+    InstanceReport,
     PeerInfo,
-    PortsReserved,
     ProtocolError,
-    RanksProgress,
-    RanksReady,
-    ReservePorts,
     StatsFrame,
-    StopInstance,
     handshake_client,
     handshake_server,
 )
@@ -64,6 +54,9 @@ STATS_INTERVAL_S = 1.0
 SILENCE_S = 3.0
 CONNECT_TIMEOUT_S = 3.0
 REDIAL_S = (0.5, 1.0, 2.0, 4.0)
+
+
+Handshake = Callable[[FrameStream, bytes, str, str, str], Awaitable[PeerInfo]]
 
 
 @dataclass(frozen=True)
@@ -176,24 +169,9 @@ class Node:
 
     async def _accept(self, stream: anyio.abc.SocketStream) -> None:
         frames = FrameStream(stream)
-        address = _remote(stream)
-        try:
-            peer = await handshake_server(
-                frames,
-                self.key.secret,
-                self.identity.node_id,
-                self.identity.name,
-                self.key.fingerprint,
-            )
-        except HandshakeRefused as refused:
-            self._refused(address, refused)
-            await frames.aclose()
-            return
-        except (ProtocolError, OSError, anyio.EndOfStream, anyio.IncompleteRead) as error:
-            log.warning("connection from %s closed during the handshake: %s", address, error)
-            await frames.aclose()
-            return
-        await self._session(frames, peer, peer.node_id, *_hosts(stream))
+        peer = await self._handshake(frames, handshake_server, _remote(stream))
+        if peer is not None:
+            await self._session(frames, peer, peer.node_id, *_hosts(stream))
 
     async def _dial_forever(self, host: str, port: int) -> None:
         """Keep a session with the peer at host:port, redialing with a growing pause."""
@@ -214,8 +192,19 @@ class Node:
             log.debug("cannot reach %s: %s", address, error)
             return False
         frames = FrameStream(stream)
+        peer = await self._handshake(frames, handshake_client, address)
+        if peer is None:
+            return False
+        await self._session(frames, peer, self.identity.node_id, *_hosts(stream))
+        return True
+
+    async def _handshake(
+        self, frames: FrameStream, handshake: Handshake, address: str
+    ) -> PeerInfo | None:
+        """Either side's handshake; None (connection closed) when it fails: a refused peer is
+        reported as foreign, anything else is logged."""
         try:
-            peer = await handshake_client(
+            return await handshake(
                 frames,
                 self.key.secret,
                 self.identity.node_id,
@@ -223,18 +212,11 @@ class Node:
                 self.key.fingerprint,
             )
         except HandshakeRefused as refused:
-            self._refused(address, refused)
-            await frames.aclose()
-            return False
+            self._on_foreign(Foreign(address=address, reason=refused.reason, peer=refused.peer))
         except (ProtocolError, OSError, anyio.EndOfStream, anyio.IncompleteRead) as error:
             log.warning("handshake with %s failed: %s", address, error)
-            await frames.aclose()
-            return False
-        await self._session(frames, peer, self.identity.node_id, *_hosts(stream))
-        return True
-
-    def _refused(self, address: str, refused: HandshakeRefused) -> None:
-        self._on_foreign(Foreign(address=address, reason=refused.reason, peer=refused.peer))
+        await frames.aclose()
+        return None
 
     # ------------------------------------------------------------------ discovery
 
@@ -313,22 +295,7 @@ class Node:
     async def send_to(self, node_id: str, frame: Frame) -> None:
         """Send `frame` to a peer, or hand it to this node's own host or coordinator."""
         if node_id == self.identity.node_id:
-            match frame:
-                case ReservePorts() | LaunchRanks() | ChatFrame() | CancelChat() | StopInstance():
-                    if self.host is not None:
-                        self.host.handle(node_id, frame)
-                case (
-                    PortsReserved()
-                    | RanksProgress()
-                    | RanksReady()
-                    | InstanceFailed()
-                    | ChunkFrame()
-                    | ChatFinished()
-                    | InstanceStopped()
-                ):
-                    self.coordinator.feed(node_id, frame)
-                case _:
-                    pass
+            self._deliver(node_id, frame)
             return
         session = self._sessions.get(node_id)
         if session is None:
@@ -338,6 +305,18 @@ class Node:
             await session.frames.send(frame)
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as error:
             log.warning("could not send to %s: %s", session.peer.name, error)
+
+    def _deliver(self, sender: str, frame: Frame) -> bool:
+        """Hand an instance frame from `sender` to this node's host (commands) or coordinator
+        (reports); False when it is not an instance frame."""
+        if isinstance(frame, HostCommand):
+            if self.host is not None:
+                self.host.handle(sender, frame)
+        elif isinstance(frame, InstanceReport):
+            self.coordinator.feed(sender, frame)
+        else:
+            return False
+        return True
 
     def address_of(self, node_id: str) -> str:
         """Where the other nodes reach `node_id`: its address on our session with it, or for
@@ -380,26 +359,13 @@ class Node:
                     return f"sent a malformed frame ({error})"
                 except (anyio.EndOfStream, anyio.IncompleteRead, OSError):
                     return "closed the connection"
+                if self._deliver(peer.node_id, frame):
+                    continue
                 match frame:
                     case StatsFrame(stats=stats) if stats.node_id == peer.node_id:
                         self._on_event(StatsUpdated(stats=stats, at=time.time()))
                     case Heartbeat():
                         pass
-                    case (
-                        ReservePorts() | LaunchRanks() | ChatFrame() | CancelChat() | StopInstance()
-                    ):
-                        if self.host is not None:
-                            self.host.handle(peer.node_id, frame)
-                    case (
-                        PortsReserved()
-                        | RanksProgress()
-                        | RanksReady()
-                        | InstanceFailed()
-                        | ChunkFrame()
-                        | ChatFinished()
-                        | InstanceStopped()
-                    ):
-                        self.coordinator.feed(peer.node_id, frame)
                     case Goodbye(reason=reason):
                         if reason == DUPLICATE:
                             return None

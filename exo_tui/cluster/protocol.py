@@ -28,9 +28,9 @@ import hmac
 import json
 import secrets
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Literal, NoReturn, TypeVar, cast
+from typing import Annotated, Any, Literal, NoReturn, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -209,20 +209,13 @@ class InstanceStopped(Frozen):
     instance_id: str
 
 
-InstanceFrame = (
-    ReservePorts
-    | PortsReserved
-    | LaunchRanks
-    | RanksProgress
-    | RanksReady
-    | InstanceFailed
-    | ChatFrame
-    | ChunkFrame
-    | ChatFinished
-    | CancelChat
-    | StopInstance
+# What a coordinator tells the nodes of an instance, and what they report back.
+HostCommand = ReservePorts | LaunchRanks | ChatFrame | CancelChat | StopInstance
+InstanceReport = (
+    PortsReserved | RanksProgress | RanksReady | InstanceFailed | ChunkFrame | ChatFinished
     | InstanceStopped
-)
+)  # fmt: skip
+InstanceFrame = HostCommand | InstanceReport
 
 # A new frame is a Frozen model with its own `type` literal, added to this union.
 Frame = Annotated[
@@ -239,6 +232,9 @@ Frame = Annotated[
 ]
 
 _frames: TypeAdapter[Frame] = TypeAdapter(Frame)
+
+# Sends a frame to the node with this id (the node's own, or over its session).
+SendFrame = Callable[[str, Frame], Coroutine[Any, Any, None]]
 
 
 class ProtocolError(Exception):
