@@ -26,7 +26,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from engine.errors import EngineError
 from engine.generate import CancelToken
 from engine.parallel import ShardSpec
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, ModelCard, Stats, Usage
+from engine.types import ChatRequest, Chunk, ModelCard
 from exo_tui.cluster.placement import Placement
 from exo_tui.cluster.protocol import (
     CancelChat,
@@ -44,6 +44,7 @@ from exo_tui.cluster.protocol import (
     SendFrame,
     StopInstance,
 )
+from exo_tui.cluster.ranks import failure_chunks
 from exo_tui.cluster.state import (
     ClusterEvent,
     LoadFailed,
@@ -238,7 +239,7 @@ class Coordinator:
         """Rank 0's chunks; the last is a DoneChunk. A failure ends it with an ErrorChunk."""
         instance = self.instance
         if instance is None or instance.failed is not None:
-            for chunk in from_error("No model is running on the cluster"):
+            for chunk in failure_chunks("No model is running on the cluster"):
                 yield chunk
             return
         instance.next_request += 1
@@ -276,7 +277,7 @@ class Coordinator:
                     try:
                         await self._fail(instance, reason, node_id)
                     except ClusterError as error:
-                        for chunk in from_error(str(error)):
+                        for chunk in failure_chunks(str(error)):
                             yield chunk
                     return
                 case _:
@@ -333,15 +334,3 @@ class Coordinator:
 def _lost_a_peer(reason: str) -> bool:
     """A report of a rank that only saw its ring peer go away (MLX's words for it)."""
     return "peer was lost" in reason or "Socket" in reason or "connection to a peer" in reason
-
-
-def from_error(message: str) -> list[Chunk]:
-    return [
-        ErrorChunk(message=message),
-        DoneChunk(
-            finish_reason="error",
-            usage=Usage(prompt_tokens=0, completion_tokens=0),
-            stats=Stats(ttft_s=0.0, prefill_tps=0.0, decode_tps=0.0, peak_memory_bytes=0),
-            token_ids=(),
-        ),
-    ]

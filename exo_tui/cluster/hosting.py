@@ -9,7 +9,6 @@ When the coordinator goes away, its instances stop: no runner outlives the sessi
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -40,22 +39,10 @@ from exo_tui.cluster.protocol import (
     SendFrame,
     StopInstance,
 )
-from exo_tui.cluster.ranks import LocalRing, RingError
+from exo_tui.cluster.ranks import LocalRing, RingError, free_ports
 from exo_tui.cluster.state import HostedRunner
 
 log = logging.getLogger(__name__)
-
-
-def reserve_ports(count: int, host: str = "0.0.0.0") -> list[int]:
-    """Ports free on `host` now, held open together so they differ."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 @dataclass
@@ -109,7 +96,7 @@ class RankHost:
         match frame:
             case ReservePorts(instance_id=iid, count=count):
                 self._hosted.setdefault(iid, _Hosted(iid, coordinator))
-                ports = tuple(reserve_ports(count))
+                ports = tuple(free_ports(count, host="0.0.0.0"))  # the ring binds all interfaces
                 self._tasks.start_soon(
                     self._send, coordinator, PortsReserved(instance_id=iid, ports=ports)
                 )

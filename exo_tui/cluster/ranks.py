@@ -115,12 +115,12 @@ class _Rank:
     index: int = 0  # its place in LocalRing._ranks, which its events are queued under
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 right now (held open together, so they differ)."""
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports free on `host` right now (held open together, so they differ)."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
+            sock.bind((host, 0))
         return [int(sock.getsockname()[1]) for sock in sockets]
     finally:
         for sock in sockets:
@@ -240,7 +240,7 @@ class LocalRing:
         """Run `request` on every rank in lockstep and yield rank 0's chunks; the last is a
         DoneChunk. A failed ring yields an ErrorChunk naming the rank, then a DoneChunk."""
         if self._failure is not None or not self.ready:
-            yield from _failed(self._failure or "The ring is not loaded")
+            yield from failure_chunks(self._failure or "The ring is not loaded")
             return
         if self._busy:
             raise RuntimeError("one request at a time per ring")
@@ -268,7 +268,7 @@ class LocalRing:
                         case _:
                             pass
         except _Ring as failed:
-            yield from _failed(str(failed))
+            yield from failure_chunks(str(failed))
             return
         except GeneratorExit:
             # The caller stopped listening: stop the ranks on the same token, then wait for them
@@ -516,14 +516,17 @@ def _log_tail(log: Path) -> str:
     return f" ({lines[-1].strip()[:300]})" if lines else ""
 
 
-def _failed(message: str) -> Generator[Chunk]:
-    yield ErrorChunk(message=message)
-    yield DoneChunk(
-        finish_reason="error",
-        usage=Usage(prompt_tokens=0, completion_tokens=0),
-        stats=Stats(ttft_s=0.0, prefill_tps=0.0, decode_tps=0.0, peak_memory_bytes=0),
-        token_ids=(),
-    )
+def failure_chunks(message: str) -> list[Chunk]:
+    """How a generation that could not run ends: an ErrorChunk, then a DoneChunk saying so."""
+    return [
+        ErrorChunk(message=message),
+        DoneChunk(
+            finish_reason="error",
+            usage=Usage(prompt_tokens=0, completion_tokens=0),
+            stats=Stats(ttft_s=0.0, prefill_tps=0.0, decode_tps=0.0, peak_memory_bytes=0),
+            token_ids=(),
+        ),
+    ]
 
 
 def start_local_ranks(

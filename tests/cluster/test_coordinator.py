@@ -14,13 +14,14 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import psutil
 import pytest
 
 from engine.generate import generate
 from engine.loading import load_model_sync
 from engine.models import read_card
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message, ModelCard
 from exo_tui.cluster.coordinator import ClusterError
 from exo_tui.cluster.local import local_node_stats
 from exo_tui.cluster.node import Node, NodeOptions
@@ -71,6 +72,14 @@ class Coordinating:
         self.events.append(event)
         self.state = apply(self.state, event)
 
+    async def start_and_place(self, tasks: anyio.abc.TaskGroup, card: ModelCard) -> Placement:
+        """Run the node, wait for both peers, and place `card` over them (pipeline)."""
+        await tasks.start(self.node.run)
+        await self.wait(lambda: len(self.state.online_nodes) == 2, 15)
+        placement = place(self.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        return placement
+
     async def wait(self, predicate: Callable[[], bool], timeout: float) -> None:
         with anyio.fail_after(timeout):
             while not predicate():
@@ -99,10 +108,7 @@ async def test_pipeline_over_two_nodes_is_token_identical_to_one_process(
     expected = [c for c in generate(load_model_sync(models / "tiny-llama"), REQUEST)][-1]
     assert isinstance(expected, DoneChunk)
     async with anyio.create_task_group() as tasks:
-        await tasks.start(cluster.node.run)
-        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
-        assert isinstance(placement, Placement)
+        placement = await cluster.start_and_place(tasks, card)
         assert {s.node_id for s in placement.shards} == {n.node_id for n in nodes}
         await cluster.node.coordinator.launch(placement, card)
         # Every node's bar reached n/n of its layers.
@@ -138,10 +144,7 @@ async def test_a_node_killed_mid_generation_fails_the_instance_and_stops_the_oth
 ) -> None:
     nodes, cluster, card = await launched(start, models, "pipeline")
     async with anyio.create_task_group() as tasks:
-        await tasks.start(cluster.node.run)
-        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
-        assert isinstance(placement, Placement)
+        placement = await cluster.start_and_place(tasks, card)
         await cluster.node.coordinator.launch(placement, card)
         long = REQUEST.model_copy(update={"max_tokens": 100_000})
         chunks: list[Chunk] = []
@@ -176,10 +179,7 @@ async def test_a_model_a_node_lacks_is_refused_before_loading(
     cluster = Coordinating([has, lacks])
     card = read_card(models / "tiny-llama")
     async with anyio.create_task_group() as tasks:
-        await tasks.start(cluster.node.run)
-        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
-        assert isinstance(placement, Placement)
+        placement = await cluster.start_and_place(tasks, card)
         with pytest.raises(ClusterError, match="no model called tiny-llama"):
             await cluster.node.coordinator.launch(placement, card)
         await cluster.wait(lambda: not runner_pids(has), 10)
@@ -189,10 +189,7 @@ async def test_a_model_a_node_lacks_is_refused_before_loading(
 async def test_a_node_lost_while_idle_stops_the_other_ranks(start: StartNode, models: Path) -> None:
     nodes, cluster, card = await launched(start, models, "pipeline")
     async with anyio.create_task_group() as tasks:
-        await tasks.start(cluster.node.run)
-        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
-        assert isinstance(placement, Placement)
+        placement = await cluster.start_and_place(tasks, card)
         cluster.apply(InstancePlaced(placement=placement))  # as the app does before launching
         await cluster.node.coordinator.launch(placement, card)
         assert cluster.state.instance_status == "ready"
@@ -214,10 +211,7 @@ async def test_a_runner_crash_fails_the_chat_and_stops_the_other_node(
 ) -> None:
     nodes, cluster, card = await launched(start, models, "pipeline")
     async with anyio.create_task_group() as tasks:
-        await tasks.start(cluster.node.run)
-        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
-        assert isinstance(placement, Placement)
+        placement = await cluster.start_and_place(tasks, card)
         await cluster.node.coordinator.launch(placement, card)
         chunks: list[Chunk] = []
 
@@ -283,10 +277,7 @@ async def test_a_node_killed_mid_load_fails_the_launch_and_stops_the_other(
 ) -> None:
     nodes, cluster, card = await launched(start, models, "pipeline")
     async with anyio.create_task_group() as tasks:
-        await tasks.start(cluster.node.run)
-        await cluster.wait(lambda: len(cluster.state.online_nodes) == 2, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
-        assert isinstance(placement, Placement)
+        placement = await cluster.start_and_place(tasks, card)
         cluster.apply(InstancePlaced(placement=placement))
         failure: list[BaseException] = []
 
