@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -152,20 +151,10 @@ def main(argv: Sequence[str]) -> None:
 # ---------------------------------------------------------------------------- for the tests
 
 
-def free_ports(count: int) -> list[int]:
-    """Ports free on 127.0.0.1 right now (held open together, so they differ)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def write_hostfile(folder: Path, world_size: int) -> Path:
     """MLX's ring hostfile: a JSON list with one list of "ip:port" per rank."""
+    from exo_tui.cluster.ranks import free_ports
+
     hostfile = folder / f"hosts-{world_size}.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(world_size)]))
     return hostfile
