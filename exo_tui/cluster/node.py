@@ -357,6 +357,8 @@ class Node:
                 except ProtocolError as error:
                     log.warning("bad frame from %s: %s", peer.name, error)
                     return f"sent a malformed frame ({error})"
+                except ConnectionResetError:
+                    return "reset the connection"
                 except (anyio.EndOfStream, anyio.IncompleteRead, OSError):
                     return "closed the connection"
                 if self._deliver(peer.node_id, frame):

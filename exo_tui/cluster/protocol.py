@@ -309,7 +309,8 @@ class FrameStream(anyio.abc.AsyncResource):
 
     async def receive(self) -> Frame:
         """The next frame. ProtocolError on garbage; anyio.EndOfStream when the peer closed
-        between frames, anyio.IncompleteRead when it closed in the middle of one."""
+        between frames, anyio.IncompleteRead when it closed in the middle of one,
+        ConnectionResetError when the connection was reset (a killed peer, a cut link)."""
         return decode(await self.receive_payload())
 
     async def receive_payload(self) -> bytes:
@@ -327,6 +328,9 @@ class FrameStream(anyio.abc.AsyncResource):
                 if between_frames and not self._buffer:
                     raise
                 raise anyio.IncompleteRead from None
+            except anyio.BrokenResourceError as error:
+                # anyio reports a reset as a broken resource; callers handle OSError already.
+                raise ConnectionResetError("the connection was reset") from error
         data = bytes(self._buffer[:count])
         del self._buffer[:count]
         return data
@@ -356,7 +360,7 @@ async def handshake_client(
     """Open a connection: prove the server holds `key`, then prove we do. Returns the server.
 
     Raises HandshakeRefused, ProtocolError, or anyio.EndOfStream / anyio.IncompleteRead when the
-    server hangs up; on any failure the connection is closed.
+    server hangs up (ConnectionResetError when it resets); on any failure the connection is closed.
     """
     me = PeerInfo(node_id=node_id, name=name, fingerprint=fingerprint)
     side = _Side(frames, me, waiting_for="the server's challenge")
@@ -400,7 +404,7 @@ async def handshake_server(
     """Answer a connection: prove we hold `key`, then check the client does. Returns the client.
 
     Raises HandshakeRefused, ProtocolError, or anyio.EndOfStream / anyio.IncompleteRead when the
-    client hangs up; on any failure the connection is closed.
+    client hangs up (ConnectionResetError when it resets); on any failure the connection is closed.
     """
     me = PeerInfo(node_id=node_id, name=name, fingerprint=fingerprint)
     side = _Side(frames, me, waiting_for="a hello")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager, suppress
 from typing import Any, cast
@@ -233,6 +235,21 @@ async def test_a_close_between_frames_is_the_end_of_the_stream() -> None:
         await client.send_eof()
         assert await frames.receive() == Welcome()
         with pytest.raises(anyio.EndOfStream):
+            await frames.receive()
+
+
+async def test_a_reset_connection_is_a_connection_reset_error() -> None:
+    """A killed peer or a cut link resets the socket: callers see an OSError they handle,
+    not anyio's BrokenResourceError (which once escaped a node's session and killed it)."""
+    async with tcp_pair() as (client, server):
+        frames = FrameStream(server)
+        await client.send(encode(Welcome()))
+        raw = client.extra(anyio.abc.SocketAttribute.raw_socket)
+        # SO_LINGER with a zero timeout: close() sends RST instead of FIN.
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await client.aclose()
+        assert await frames.receive() == Welcome()
+        with pytest.raises(ConnectionResetError):
             await frames.receive()
 
 
