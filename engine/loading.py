@@ -20,7 +20,7 @@ from mlx_lm.utils import load_tokenizer  # pyright: ignore[reportUnknownVariable
 from engine import attention, blas
 from engine.errors import ModelFormatError
 from engine.harmony import stop_token_ids
-from engine.models import read_card
+from engine.models import missing_weight_files, read_card
 from engine.prompt_cache import ConversationCache
 from engine.types import LoadProgress, ModelCard
 
@@ -76,11 +76,28 @@ def materialise_layers(layers: Sequence[nn.Module], rank: int = 0) -> Generator[
         yield LoadProgress(layers_loaded=index + 1, total=total, rank=rank)
 
 
-def open_lazy(path: Path) -> tuple[nn.Module, dict[str, Any], TokenizerWrapper, ModelCard]:
-    """Build the model with lazily loaded weights and its tokenizer; nothing big is read yet."""
+def open_lazy(
+    path: Path, layers: tuple[int, int] | None = None
+) -> tuple[nn.Module, dict[str, Any], TokenizerWrapper, ModelCard]:
+    """Build the model with lazily loaded weights and its tokenizer; nothing big is read yet.
+
+    `layers` are the only layers this process will run (a pipeline rank): the folder may then
+    hold only the weight files those need, and the other layers are left unloaded."""
     card = read_card(path)
+    missing = missing_weight_files(path, layers)
+    if missing:
+        which = f"layers {layers[0]}-{layers[1] - 1}" if layers else "the whole model"
+        part = f" --layers {layers[0]}:{layers[1]}" if layers else ""
+        raise ModelFormatError(
+            f"{path} lacks {len(missing)} weight file(s) that {which} of {card.name} need, "
+            f"e.g. {missing[0]} (only part of the model was downloaded)",
+            f"Download them: exo-tui models download {card.name}{part}",
+        )
     try:
-        built = cast(tuple[nn.Module, dict[str, Any]], mlx_lm_load_model(path, lazy=True))
+        built = cast(
+            tuple[nn.Module, dict[str, Any]],
+            mlx_lm_load_model(path, lazy=True, strict=card.layers_on_disk is None),
+        )
         model, config = built
     except ValueError as error:
         raise ModelFormatError(
@@ -103,15 +120,22 @@ def open_lazy(path: Path) -> tuple[nn.Module, dict[str, Any], TokenizerWrapper, 
     return model, config, tokenizer, card
 
 
-def load_model(path: Path | str, *, prepare: PrepareLayers | None = None, rank: int = 0) -> Loading:
+def load_model(
+    path: Path | str,
+    *,
+    prepare: PrepareLayers | None = None,
+    rank: int = 0,
+    layer_range: tuple[int, int] | None = None,
+) -> Loading:
     """Load a model: `loaded = yield from load_model(path)`, one LoadProgress per layer.
 
     `prepare` turns the lazily built model into this process's part (engine.parallel cuts or
     shards it) and returns the layers to materialise; by default the whole model is loaded.
+    `layer_range` says which layers `prepare` keeps: only their weight files need be on disk.
     """
     path = Path(path)
     blas_in_use = blas.describe()
-    model, config, tokenizer, card = open_lazy(path)
+    model, config, tokenizer, card = open_lazy(path, layer_range)
     layers = prepare(model, config) if prepare is not None else transformer_layers(model)
     # Embeddings, final norm and head first, so the last report (n/n) means ready.
     layer_ids = {id(array) for layer in layers for _, array in _leaves(layer)}

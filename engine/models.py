@@ -11,9 +11,10 @@ import importlib
 import importlib.metadata
 import json
 import os
+import re
 import struct
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -31,8 +32,11 @@ __all__ = [
     "find_models",
     "find_models_with_errors",
     "hf_cache_dir",
+    "layer_of",
+    "missing_weight_files",
     "read_card",
     "resolve_model",
+    "shard_files",
 ]
 
 DEMO_SPEC = "demo"
@@ -72,6 +76,8 @@ _SAFETENSORS_DTYPES = {
     "BOOL": "bool",
 }
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors spec's own limit
+INDEX_FILE = "model.safetensors.index.json"
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -168,6 +174,15 @@ def read_card(path: Path, source: ModelSource = "path", *, name: str | None = No
     for weight_file in weight_files:
         tensors.update(_read_safetensors_header(weight_file))
         bytes_on_disk += weight_file.stat().st_size
+    num_parameters = _count_parameters(tensors, config, quantization)
+    index = _weight_index(path)
+    layers_on_disk = _layers_on_disk(path, index, num_layers) if index is not None else None
+    if layers_on_disk is not None:
+        # A pipeline share of a download: the card describes the whole model.
+        total = _index_total_size(index) if index is not None else None
+        if total is not None and bytes_on_disk:
+            num_parameters = num_parameters * total // bytes_on_disk
+            bytes_on_disk = total
 
     _check_tokenizer(path)
 
@@ -188,9 +203,10 @@ def read_card(path: Path, source: ModelSource = "path", *, name: str | None = No
         quantization=quantization,
         dtype=_config_dtype(config, text) or _common_dtype(tensors),
         bytes_on_disk=bytes_on_disk,
-        num_parameters=_count_parameters(tensors, config, quantization),
+        num_parameters=num_parameters,
         supports_tensor=supports_tensor,
         tensor_unsupported_reason=reason,
+        layers_on_disk=layers_on_disk,
     )
 
 
@@ -350,20 +366,83 @@ def _config_dtype(config: dict[str, Any], text: dict[str, Any]) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------------------------
+# Which files hold which layers (a pipeline rank needs only some of them)
+
+
+def layer_of(weight: str) -> int | None:
+    """The transformer layer a weight belongs to (`model.layers.12.mlp...` -> 12), or None."""
+    found = _LAYER.search(weight)
+    return int(found.group(1)) if found else None
+
+
+def shard_files(index_json: Mapping[str, Any], layer_range: tuple[int, int]) -> set[str]:
+    """The safetensors files holding layers ``[start, end)`` and every weight outside layers.
+
+    Weights outside the layers (embeddings, final norm, head) are always included: the engine
+    keeps them on every pipeline rank (each rank embeds and computes the logits).
+    """
+    start, end = layer_range
+    if not 0 <= start < end:
+        raise ValueError(f"bad layer range {start}:{end}")
+    return {file for weight, file in _weight_map(index_json).items()
+            if (layer := layer_of(weight)) is None or start <= layer < end}  # fmt: skip
+
+
+def missing_weight_files(path: Path, layers: tuple[int, int] | None = None) -> list[str]:
+    """The weight files of `path` that its index lists for `layers` (None: all) but that are
+    not on disk; empty for a complete folder or one without an index."""
+    index = _weight_index(path)
+    if index is None:
+        return []
+    wanted = shard_files(index, layers) if layers else set(_weight_map(index).values())
+    return sorted(name for name in wanted if not (path / name).is_file())
+
+
+def _weight_index(path: Path) -> dict[str, Any] | None:
+    index_path = path / INDEX_FILE
+    if not index_path.is_file():
+        return None
+    index = _read_json_object(index_path)
+    if not isinstance(index.get("weight_map"), dict):
+        raise ModelFormatError(f"{index_path} has no weight_map", "Re-download the model")
+    return index
+
+
+def _weight_map(index_json: Mapping[str, Any]) -> dict[str, str]:
+    weight_map = cast(dict[str, object], index_json.get("weight_map") or {})
+    return {weight: file for weight, file in weight_map.items() if isinstance(file, str)}
+
+
+def _index_total_size(index_json: Mapping[str, Any]) -> int | None:
+    metadata: object = index_json.get("metadata")
+    if isinstance(metadata, dict):
+        total: object = cast(dict[str, object], metadata).get("total_size")
+        if isinstance(total, int) and total > 0:
+            return total
+    return None
+
+
+def _layers_on_disk(
+    path: Path, index_json: Mapping[str, Any], num_layers: int
+) -> tuple[int, ...] | None:
+    """None when every file the index lists is on disk; else the layers whose weights are
+    (none when a weight outside the layers is missing: no layer can run without it)."""
+    present: dict[str, bool] = {}
+    complete: dict[int | None, bool] = {}
+    for weight, file in _weight_map(index_json).items():
+        here = present.setdefault(file, (path / file).is_file())
+        layer = layer_of(weight)
+        complete[layer] = complete.get(layer, True) and here
+    if all(complete.values()):
+        return None
+    if not complete.get(None, True):
+        return ()
+    return tuple(layer for layer in range(num_layers) if complete.get(layer, True))
+
+
 def _weight_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.glob("*.safetensors") if not p.name.startswith("."))
-    index_path = path / "model.safetensors.index.json"
-    if index_path.exists():
-        index = _read_json_object(index_path)
-        weight_map: object = index.get("weight_map")
-        if isinstance(weight_map, dict):
-            names = {v for v in cast(dict[str, object], weight_map).values() if isinstance(v, str)}
-            for file_name in sorted(names):
-                if not (path / file_name).is_file():
-                    raise ModelFormatError(
-                        f"{path / file_name} is missing (listed in {index_path.name})",
-                        "The download is incomplete; re-download the model",
-                    )
     if not files:
         raise ModelFormatError(
             f"{path} has no *.safetensors weights",

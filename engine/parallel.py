@@ -193,7 +193,9 @@ def load_shard(path: Path | str, spec: ShardSpec, group: mx.distributed.Group) -
             return _cut_pipeline(model, card, spec, group)
         return _shard_tensor(model, card, group)
 
-    return (yield from load_model(path, prepare=prepare, rank=rank))
+    # A pipeline rank needs only its layers' weight files on disk (a per-shard download).
+    own = (spec.start_layer, spec.end_layer) if spec.strategy == "pipeline" else None
+    return (yield from load_model(path, prepare=prepare, rank=rank, layer_range=own))
 
 
 # ------------------------------------------------------------------------------------ pipeline

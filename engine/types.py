@@ -41,6 +41,15 @@ class ModelCard(Frozen):
     num_parameters: int
     supports_tensor: bool
     tensor_unsupported_reason: str | None = None
+    # None: every weight file is on disk. Else only part of a download is (a pipeline node's
+    # share): the layers whose weights are here, and the bytes and parameters above are the
+    # whole model's, from its index.
+    layers_on_disk: tuple[int, ...] | None = None
+
+    def holds_layers(self, start: int, end: int) -> bool:
+        """Whether the weights of layers [start, end) (and those outside layers) are on disk."""
+        held = self.layers_on_disk
+        return held is None or set(range(start, end)) <= set(held)
 
 
 class LoadProgress(Frozen):

@@ -53,14 +53,12 @@ from huggingface_hub.utils import (
 )
 
 from engine.errors import EngineError
-from engine.models import hf_cache_dir
+from engine.models import INDEX_FILE, hf_cache_dir, layer_of, missing_weight_files, shard_files
 from engine.types import Frozen
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-INDEX_FILE = "model.safetensors.index.json"
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 # Attempts at a file whose bytes do not match its hash before giving up.
 _FETCH_ATTEMPTS = 2
 
@@ -167,32 +165,6 @@ class RepoSnapshot(Frozen):
 
 # --------------------------------------------------------------------------------------------
 # Which files
-
-
-def layer_of(weight: str) -> int | None:
-    """The transformer layer a weight belongs to (`model.layers.7.mlp...` -> 7), else None."""
-    match = _LAYER.search(weight)
-    return int(match.group(1)) if match else None
-
-
-def shard_files(index_json: Mapping[str, Any], layer_range: tuple[int, int]) -> set[str]:
-    """The safetensors files holding layers ``[start, end)`` and every weight outside layers.
-
-    Weights outside the layers (embeddings, final norm, head) are always included: the engine
-    keeps them on every pipeline rank (each rank embeds and computes the logits).
-    """
-    start, end = layer_range
-    if not 0 <= start < end:
-        raise ValueError(f"bad layer range {start}:{end}")
-    weight_map = index_json.get("weight_map")
-    if not isinstance(weight_map, dict):
-        raise DownloadError(f"{INDEX_FILE} has no weight_map", "Re-download the model")
-    files: set[str] = set()
-    for weight, file in cast(dict[str, object], weight_map).items():
-        layer = layer_of(weight)
-        if isinstance(file, str) and (layer is None or start <= layer < end):
-            files.add(file)
-    return files
 
 
 def _index_layers(index_json: Mapping[str, Any]) -> int:
@@ -680,7 +652,9 @@ def cached_snapshot(
     snapshot = storage / "snapshots" / (commit or "-")
     if commit is None or not (snapshot / "config.json").is_file():
         raise why_not_online
-    missing = _missing_weights(snapshot, layers)
+    missing = missing_weight_files(snapshot, layers)
+    if not missing and not any(snapshot.glob("*.safetensors")):
+        missing = ["model.safetensors"]
     if missing:
         raise HubOfflineError(
             f"{why_not_online.cause}; the cache holds only part of {repo_id} "
@@ -688,13 +662,3 @@ def cached_snapshot(
             why_not_online.fix,
         )
     return snapshot
-
-
-def _missing_weights(snapshot: Path, layers: tuple[int, int] | None) -> list[str]:
-    index_path = snapshot / INDEX_FILE
-    if not index_path.is_file():
-        return [] if any(snapshot.glob("*.safetensors")) else ["model.safetensors"]
-    index_json = cast(dict[str, Any], json.loads(index_path.read_text(encoding="utf-8")))
-    weight_map = cast(dict[str, str], index_json.get("weight_map") or {})
-    wanted = shard_files(index_json, layers) if layers else set(weight_map.values())
-    return sorted(name for name in wanted if not (snapshot / name).is_file())

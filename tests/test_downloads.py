@@ -14,7 +14,7 @@ import pytest
 from huggingface_hub import constants as hf_constants
 
 from engine.loading import load_model_sync
-from engine.models import find_models
+from engine.models import find_models, shard_files
 from exo_tui.downloads import (
     DiskSpaceError,
     DownloadCancelled,
@@ -24,7 +24,6 @@ from exo_tui.downloads import (
     RepoGatedError,
     RepoNotFoundError,
     download,
-    shard_files,
 )
 from tests.hub_server import HubServer, git_blob_id
 

@@ -35,6 +35,8 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from engine.models import layer_of
+
 ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe")
 
 # Special tokens, in id order: they take ids 0..8 in every tokenizer built here.
@@ -425,19 +427,12 @@ def silent_token_ids(folder: Path, vocab_size: int) -> list[int]:
     return sorted(silent)
 
 
-def _layer_of(name: str) -> int | None:
-    parts = name.split(".")
-    if len(parts) > 2 and parts[0] == "model" and parts[1] == "layers":
-        return int(parts[2])
-    return None
-
-
 def _write_shards(folder: Path, weights: dict[str, mx.array], num_layers: int, shards: int) -> None:
     """Split weights by layer into ``shards`` files and write the index."""
     shards = max(1, min(shards, num_layers))
     files: list[dict[str, mx.array]] = [{} for _ in range(shards)]
     for name, w in weights.items():
-        layer = _layer_of(name)
+        layer = layer_of(name)
         if layer is not None:
             part = layer * shards // num_layers
         elif name.startswith("model.embed_tokens"):

@@ -1,0 +1,93 @@
+"""A folder holding only some of a model's weight files: a pipeline node's share of a download."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx.utils import tree_flatten
+
+from engine.errors import ModelFormatError
+from engine.loading import load_model, load_model_sync, transformer_layers
+from engine.models import find_models, missing_weight_files, read_card
+
+# tiny_model_factory("llama", shards=4): one layer per file; the embeddings sit in the first
+# file, the final norm and head in the last.
+SHARDS = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
+
+
+@pytest.fixture(scope="module")
+def whole(tiny_model_factory: Callable[..., Path]) -> Path:
+    return tiny_model_factory("llama", shards=4)
+
+
+@pytest.fixture
+def without_layer_2(whole: Path, tmp_path: Path) -> Path:
+    """The model without the file that holds only layer 2."""
+    folder = shutil.copytree(whole, tmp_path / "tiny-llama")
+    (folder / SHARDS[2]).unlink()
+    return folder
+
+
+def keep(start: int, end: int) -> Callable[[nn.Module, dict[str, Any]], Sequence[nn.Module]]:
+    """A prepare step that keeps layers [start, end) (what a pipeline rank materialises)."""
+
+    def prepare(model: nn.Module, config: dict[str, Any]) -> Sequence[nn.Module]:
+        return transformer_layers(model)[start:end]
+
+    return prepare
+
+
+def weights(layers: Sequence[nn.Module]) -> list[tuple[str, mx.array]]:
+    return [item for layer in layers for item in tree_flatten(layer.parameters())]
+
+
+def run(loading: Any) -> Any:
+    while True:
+        try:
+            next(loading)
+        except StopIteration as done:
+            return done.value
+
+
+def test_the_card_of_a_partial_folder_names_the_layers_on_disk(
+    whole: Path, without_layer_2: Path
+) -> None:
+    full, part = read_card(whole), read_card(without_layer_2)
+    assert full.layers_on_disk is None and full.holds_layers(0, 4)
+    assert part.layers_on_disk == (0, 1, 3)
+    assert part.holds_layers(0, 2) and part.holds_layers(3, 4) and not part.holds_layers(1, 3)
+    # The card still describes the whole model (what placement needs), from the index's total
+    # (tensor bytes, without the files' headers).
+    assert part.bytes_on_disk == pytest.approx(full.bytes_on_disk, rel=0.01)
+    assert part.num_parameters == pytest.approx(full.num_parameters, rel=0.01)
+    assert part.num_layers == full.num_layers == 4
+    assert missing_weight_files(without_layer_2, (0, 2)) == []
+    assert missing_weight_files(without_layer_2, (1, 3)) == [SHARDS[2]]
+    found = find_models([without_layer_2.parent], include_bundled=False)
+    assert [card.layers_on_disk for card in found] == [(0, 1, 3)]
+
+
+def test_a_rank_loads_its_layers_from_a_partial_folder(whole: Path, without_layer_2: Path) -> None:
+    reference = load_model_sync(whole)
+    loaded = run(load_model(without_layer_2, prepare=keep(0, 2), layer_range=(0, 2)))
+    got = weights(transformer_layers(loaded.model)[0:2])
+    want = weights(transformer_layers(reference.model)[0:2])
+    assert [name for name, _ in got] == [name for name, _ in want]
+    for (name, a), (_, b) in zip(got, want, strict=True):
+        assert mx.array_equal(a, b).item(), name
+    assert mx.array_equal(loaded.model.lm_head.weight, reference.model.lm_head.weight).item()
+
+
+def test_layers_whose_file_is_missing_are_refused_by_name(without_layer_2: Path) -> None:
+    with pytest.raises(ModelFormatError) as error:
+        run(load_model(without_layer_2, prepare=keep(1, 3), layer_range=(1, 3)))
+    assert SHARDS[2] in error.value.cause and "layers 1-2" in error.value.cause
+    assert "exo-tui models download" in error.value.fix and "--layers 1:3" in error.value.fix
+    with pytest.raises(ModelFormatError, match=SHARDS[2]):
+        load_model_sync(without_layer_2)  # the whole model
