@@ -19,13 +19,14 @@ from engine.errors import EngineError
 from engine.generate import CancelToken
 from engine.models import find_models
 from engine.types import ChatRequest, Chunk, ModelCard, ModelReady
-from exo_tui.cluster.coordinator import lacking_model
+from exo_tui.cluster.coordinator import plan_fetches
 from exo_tui.cluster.local import local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Node
 from exo_tui.cluster.placement import Placement, place
 from exo_tui.cluster.state import (
     ClusterEvent,
     ClusterState,
+    DownloadProgressed,
     InstancePlaced,
     LoadProgressed,
     NodeSeen,
@@ -95,11 +96,18 @@ async def _chat(
     def on_event(event: ClusterEvent) -> None:
         nonlocal state
         state = apply(state, event)
+        name = names.get(getattr(event, "node_id", ""), "")
         if isinstance(event, LoadProgressed):
-            out.node_progress(event.node_id, names.get(event.node_id, event.node_id),
-                              event.layers_loaded, event.total)  # fmt: skip
+            out.node_progress(event.node_id, name or event.node_id, event.layers_loaded,
+                              event.total)  # fmt: skip
+        elif isinstance(event, DownloadProgressed):
+            out.node_download(event, name or event.node_id)
 
     cards = find_models(args.models_dir)
+
+    def rescan() -> None:
+        cards[:] = find_models(args.models_dir)
+
     node = Node(
         setup.identity,
         setup.key,
@@ -107,6 +115,7 @@ async def _chat(
         on_event=on_event,
         options=setup.options,
         models_dirs=args.models_dir,
+        on_store_changed=rescan,
     )
     me = local_node_stats(identity=setup.identity, cards=cards)
     code = 1
@@ -120,12 +129,10 @@ async def _chat(
             raise EngineError(
                 placement.message, "Choose other nodes with --nodes, or a smaller model"
             )
-        lacking = lacking_model(placement, [n.stats for n in state.nodes])
-        if lacking is not None:
-            raise lacking
+        fetches = plan_fetches(placement, card, [n.stats for n in state.nodes])
         on_event(InstancePlaced(placement=placement))
         started = time.perf_counter()
-        await node.coordinator.launch(placement, card)
+        await node.coordinator.launch(placement, card, fetches=fetches)
         out.loaded(ModelReady(model=card.name, load_seconds=time.perf_counter() - started,
                               blas=f"cluster of {placement.world_size} nodes"))  # fmt: skip
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from rich.progress import TaskID
 
     from exo_tui.cluster.node import ClusterSetup
+    from exo_tui.cluster.state import DownloadProgressed
     from exo_tui.tools import ToolRegistry
 
 
@@ -156,6 +157,10 @@ class JsonLines:
                 "layers_loaded": layers_loaded, "total": total}  # fmt: skip
         self._write(json.dumps(line))
 
+    def node_download(self, event: DownloadProgressed, name: str) -> None:
+        line = {"type": "download", "node": name, **event.model_dump(exclude={"type"})}
+        self._write(json.dumps(line))
+
     def loaded(self, ready: ModelReady) -> None:
         self._write(ready.model_dump_json())
 
@@ -208,6 +213,15 @@ class TextOutput:
             label = f"loading {self._name} on {name}"
             self._node_tasks[node_id] = self._bar.add_task(label, total=total)
         self._bar.update(self._node_tasks[node_id], completed=layers_loaded, total=total)
+
+    def node_download(self, event: DownloadProgressed, name: str) -> None:
+        key = f"download {event.node_id}"
+        if key not in self._node_tasks:
+            label = f"downloading {self._name} on {name} (MB)"
+            self._node_tasks[key] = self._bar.add_task(label, total=event.bytes_total / 1e6)
+        self._bar.update(
+            self._node_tasks[key], completed=event.bytes_done / 1e6, total=event.bytes_total / 1e6
+        )
 
     def loaded(self, ready: ModelReady) -> None:
         self._bar.stop()

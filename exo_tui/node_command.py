@@ -86,6 +86,10 @@ async def serve(
 
     printer = EventPrinter(as_json)
     cards = find_models(models_dirs)
+
+    def rescan() -> None:
+        cards[:] = find_models(models_dirs)
+
     node = Node(
         identity,
         key,
@@ -94,6 +98,7 @@ async def serve(
         options=options,
         on_foreign=printer.foreign,
         models_dirs=models_dirs,
+        on_store_changed=rescan,
     )
     async with anyio.create_task_group() as tasks:
         port = await tasks.start(node.run)

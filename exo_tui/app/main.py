@@ -34,7 +34,7 @@ from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk,
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.keymap import KeymapError, load_keymap
 from exo_tui.app.screens.chats import ChatsScreen
-from exo_tui.app.screens.download_confirm import DownloadConfirm
+from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
 from exo_tui.app.screens.help import HelpScreen
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.screens.nodes import Cancelled as NODES_CANCELLED
@@ -44,7 +44,7 @@ from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
 from exo_tui.catalogue import CatalogueEntry, entry_card, load_catalogue
-from exo_tui.cluster.coordinator import ClusterError, lacking_model
+from exo_tui.cluster.coordinator import ClusterError, Fetches, plan_fetches
 from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
 from exo_tui.cluster.placement import Placement, PlacementError, Strategy, place
@@ -201,6 +201,7 @@ class ExoTuiApp(App[None]):
             on_foreign=self._foreign,
             models_dirs=self._models_dirs,
             include_bundled=self._bundled,
+            on_store_changed=self._store_changed,
         )
         self._loop = asyncio.get_running_loop()
         try:
@@ -316,6 +317,17 @@ class ExoTuiApp(App[None]):
         cards = find_models(self._models_dirs, include_bundled=self._bundled)
         self.call_from_thread(self._models_found, cards)
 
+    def _store_changed(self) -> None:
+        """A peer had this node download its share of a model (runs in a worker thread)."""
+        from engine.models import find_models
+
+        cards = find_models(self._models_dirs, include_bundled=self._bundled)
+        self.call_from_thread(self._store_rescanned, cards)
+
+    def _store_rescanned(self, cards: list[ModelCard]) -> None:
+        self.cards = cards
+        self._refresh_local_stats()
+
     def _models_found(self, cards: list[ModelCard]) -> None:
         self.cards = cards
         self._refresh_local_stats()
@@ -390,11 +402,15 @@ class ExoTuiApp(App[None]):
             self.notify(f"{panel.repo_id} is downloading; Esc cancels it.", severity="warning")
             return
 
-        def confirmed(download: bool | None) -> None:
-            if download:
+        def confirmed(choice: Choice) -> None:
+            if choice == "here":
                 panel.start(entry.repo)
+            elif choice == "shares":
+                self.choose_model(entry_card(entry))
+                self.notify(f"{entry.repo} chosen: Ctrl+L downloads each node's share and loads.")
 
-        self.push_screen(DownloadConfirm(entry, fits, fit_note), confirmed)
+        nodes = len(self.state.candidates)
+        self.push_screen(DownloadConfirm(entry, fits, fit_note, nodes), confirmed)
 
     @on(DownloadPanel.Finished)
     def _downloaded(self, message: DownloadPanel.Finished) -> None:
@@ -439,9 +455,20 @@ class ExoTuiApp(App[None]):
         if across and self._node is None:
             self.notify("Placing on other nodes needs the cluster: start without --no-cluster.")
             return
-        lacking = lacking_model(self.placement, [n.stats for n in self.state.nodes])
-        if across and lacking is not None:
-            self.notify(f"Cannot launch: {lacking}", severity="error", timeout=10)
+        fetches: Fetches = {}
+        if across:
+            try:
+                nodes = [n.stats for n in self.state.nodes]
+                fetches = plan_fetches(self.placement, self.card, nodes)
+            except ClusterError as error:
+                self.notify(f"Cannot launch: {error}", severity="error", timeout=10)
+                return
+        elif not self._on_disk(self.card):
+            entry = self._catalogue_entry(self.card.name)
+            if entry is None:
+                self.notify(f"{self.card.name} is not on disk here.", severity="error")
+            else:
+                self._offer_download(entry, *self._fit(self.card))
             return
         self.dispatch(InstancePlaced(placement=self.placement))
         self._load_started = time.monotonic()
@@ -449,16 +476,27 @@ class ExoTuiApp(App[None]):
             self._load_clock.stop()
         self._load_clock = self.set_interval(0.2, self._tick_loading, name="load-clock")
         if across:
-            self._launch_on_cluster(self.placement, self.card)
+            self._launch_on_cluster(self.placement, self.card, fetches)
         else:
             self._load(self.card)
 
+    def _on_disk(self, card: ModelCard) -> bool:
+        """Whether this machine holds all of `card`'s files (a catalogue card's path is where
+        its download would go)."""
+        return card.layers_on_disk is None and (Path(card.path) / "config.json").is_file()
+
+    def _catalogue_entry(self, repo: str) -> CatalogueEntry | None:
+        return next((e for e in self._catalogue if e.repo.lower() == repo.lower()), None)
+
     @work(exclusive=True, group="load")
-    async def _launch_on_cluster(self, placement: Placement, card: ModelCard) -> None:
-        """Every node of the placement loads its ranks; their bars fill from their progress."""
+    async def _launch_on_cluster(
+        self, placement: Placement, card: ModelCard, fetches: Fetches
+    ) -> None:
+        """Every node of the placement fetches its share of the files if it lacks them, then
+        loads its ranks; their bars fill from their progress."""
         assert self._node is not None
         try:
-            await self._node.coordinator.launch(placement, card)
+            await self._node.coordinator.launch(placement, card, fetches=fetches)
         except ClusterError as error:
             self.notify(f"Launch failed: {error}", severity="error", timeout=10)
             return

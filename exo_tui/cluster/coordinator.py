@@ -5,7 +5,9 @@
         ...
     await coordinator.stop()
 
-Launching reserves a ring port on every node of the placement, writes the ring's host list
+Launching first has the nodes that lack their share of a hub model download it (each node
+fetches only the files of its layers, into its own cache), then reserves a ring port on every
+node of the placement, writes the ring's host list
 (each node at the address the others reach it on), and asks every node to start its ranks; a
 node loads the model from its own store by name. Chats go to every rank (they run in
 lockstep); the answer comes from the node of rank 0. When a node fails or is lost, the others
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -33,6 +35,9 @@ from exo_tui.cluster.protocol import (
     ChatFinished,
     ChatFrame,
     ChunkFrame,
+    FetchDone,
+    FetchProgress,
+    FetchShard,
     InstanceFailed,
     InstanceReport,
     InstanceStopped,
@@ -47,6 +52,7 @@ from exo_tui.cluster.protocol import (
 from exo_tui.cluster.ranks import failure_chunks
 from exo_tui.cluster.state import (
     ClusterEvent,
+    DownloadProgressed,
     LoadFailed,
     LoadFinished,
     LoadProgressed,
@@ -66,17 +72,40 @@ class ClusterError(EngineError):
     """The instance could not be launched or kept running; its ranks are stopped."""
 
 
-def lacking_model(placement: Placement, nodes: Sequence[NodeStats]) -> ClusterError | None:
-    """The error to show when a node of `placement` reports no model of that name on disk."""
+Fetches = Mapping[str, tuple[int, int] | None]  # node id -> the layers to download (None: all)
+
+
+def plan_fetches(placement: Placement, card: ModelCard, nodes: Sequence[NodeStats]) -> Fetches:
+    """What each node of `placement` must download before the launch: the files of the layers
+    its ranks hold (a pipeline node), or all of them (tensor), unless they are on its disk.
+
+    Raises ClusterError when a node lacks a model that cannot be downloaded (not a hub repo).
+    """
     by_id = {n.node_id: n for n in nodes}
+    fetches: dict[str, tuple[int, int] | None] = {}
     for node_id in placement.node_ids:
         node = by_id.get(node_id)
-        if node is not None and placement.model not in node.models:
-            return ClusterError(
+        if node is None:
+            continue  # gone: the launch fails on it with that reason
+        shards = [s for s in placement.shards if s.node_id == node_id]
+        # A node holding several pipeline ranks fetches the span from its first to last layer.
+        span = (
+            (min(s.start_layer for s in shards), max(s.end_layer for s in shards))
+            if placement.strategy == "pipeline"
+            else None
+        )
+        held = next((c for c in node.cards if c.name == placement.model), None)
+        if held is None and placement.model in node.models:
+            continue  # listed without its card: the whole model
+        if held is not None and (held.holds_layers(*span) if span else held.layers_on_disk is None):
+            continue
+        if card.source != "hf_cache":
+            raise ClusterError(
                 f"node {node.name} has no model called {placement.model} on disk",
                 f"Copy the model folder into a models folder of {node.name}, or choose other nodes",
             )
-    return None
+        fetches[node_id] = span
+    return fetches
 
 
 @dataclass
@@ -142,10 +171,15 @@ class Coordinator:
     # ------------------------------------------------------------------ launch
 
     async def launch(
-        self, placement: Placement, card: ModelCard, join_timeout_s: float = 60.0
+        self,
+        placement: Placement,
+        card: ModelCard,
+        join_timeout_s: float = 60.0,
+        fetches: Fetches | None = None,
     ) -> None:
         """Start the ring of `placement`; returns when every node is ready, raises ClusterError
-        (every node stopped) when one fails or is lost."""
+        (every node stopped) when one fails or is lost. `fetches` (from plan_fetches) are the
+        downloads the nodes make first, each node reporting its progress."""
         if self.instance is not None:
             await self.stop()
         instance = _Instance(uuid.uuid4().hex[:12], placement, card)
@@ -153,6 +187,8 @@ class Coordinator:
             instance.ranks_of.setdefault(shard.node_id, []).append(shard.rank)
         self.instance = instance
         try:
+            if fetches:
+                await self._fetch(instance, fetches)
             hosts = await self._reserve(instance)
             world = len(placement.shards)
             for node_id in instance.ranks_of:
@@ -179,6 +215,31 @@ class Coordinator:
             with anyio.CancelScope(shield=True):
                 await self._fail(instance, "the launch was cancelled")
             raise
+
+    async def _fetch(self, instance: _Instance, fetches: Fetches) -> None:
+        """Every node downloads its share at once; returns when all have it."""
+        card = instance.card
+        for node_id, layers in fetches.items():
+            fetch = FetchShard(
+                instance_id=instance.instance_id,
+                repo_id=card.name,
+                layers=layers,
+                total_layers=card.num_layers,
+            )
+            await self._send(node_id, fetch)
+        pending = set(fetches)
+        while pending:
+            node_id, frame = await self._next(instance)
+            match frame:
+                case FetchProgress():
+                    progress = frame.model_dump(exclude={"type", "instance_id"})
+                    self._on_event(DownloadProgressed(node_id=node_id, model=card.name, **progress))
+                case FetchDone():
+                    pending.discard(node_id)
+                case InstanceFailed(reason=reason):
+                    await self._fail(instance, reason, node_id)
+                case _:
+                    pass
 
     async def _reserve(self, instance: _Instance) -> tuple[str, ...]:
         for node_id, ranks in instance.ranks_of.items():

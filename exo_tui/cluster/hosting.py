@@ -1,8 +1,10 @@
 """A node's side of an instance: the ranks a coordinator asked it to run, and their runners.
 
-A coordinator reserves ring ports, then launches: the node loads the model called by name from
-its own store (never a path a peer sent) as its ranks of the ring, in a LocalRing whose blocking
-calls run in worker threads. Progress, rank 0's chunks and failures go back to the coordinator.
+A coordinator may first ask the node to fetch its share of the model's files from the hub
+(into the node's own cache), then reserves ring ports, then launches: the node loads the model
+called by name from its own store (never a path a peer sent) as its ranks of the ring, in a
+LocalRing whose blocking calls run in worker threads. Progress, rank 0's chunks and failures go
+back to the coordinator.
 When the coordinator goes away, its instances stop: no runner outlives the session that made it.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,9 @@ from exo_tui.cluster.protocol import (
     ChatFinished,
     ChatFrame,
     ChunkFrame,
+    FetchDone,
+    FetchProgress,
+    FetchShard,
     HostCommand,
     InstanceFailed,
     InstanceStopped,
@@ -41,8 +47,11 @@ from exo_tui.cluster.protocol import (
 )
 from exo_tui.cluster.ranks import LocalRing, RingError, free_ports
 from exo_tui.cluster.state import HostedRunner
+from exo_tui.downloads import DownloadError, download
 
 log = logging.getLogger(__name__)
+
+FETCH_REPORT_S = 0.25  # at most this often a download's progress goes to the coordinator
 
 
 @dataclass
@@ -50,6 +59,7 @@ class _Hosted:
     instance_id: str
     coordinator: str
     ring: LocalRing | None = None
+    fetching: threading.Event | None = None  # set: stop the download
     cancels: dict[int, threading.Event] = field(default_factory=lambda: {})
     stopped: bool = False
 
@@ -64,8 +74,10 @@ class RankHost:
         send: SendFrame,
         tasks: anyio.abc.TaskGroup,
         include_bundled: bool = True,
+        on_store_changed: Callable[[], None] | None = None,
     ) -> None:
         self.node_name = node_name
+        self._on_store_changed = on_store_changed
         self.models_dirs = models_dirs
         self.include_bundled = include_bundled
         self._send = send
@@ -81,7 +93,9 @@ class RankHost:
         found: list[HostedRunner] = []
         for hosted in self._hosted.values():
             ring = hosted.ring
-            if ring is None:
+            if hosted.fetching is not None:
+                state = "downloading"
+            elif ring is None:
                 state = "starting"
             elif ring.failure is not None:
                 state = "failed"
@@ -94,6 +108,8 @@ class RankHost:
     def handle(self, coordinator: str, frame: HostCommand) -> None:
         """Act on a coordinator's command; long work runs in its own task."""
         match frame:
+            case FetchShard():
+                self._tasks.start_soon(self._guarded, coordinator, frame, self._fetch)
             case ReservePorts(instance_id=iid, count=count):
                 self._hosted.setdefault(iid, _Hosted(iid, coordinator))
                 ports = tuple(free_ports(count, host="0.0.0.0"))  # the ring binds all interfaces
@@ -126,7 +142,7 @@ class RankHost:
     async def _guarded(
         self,
         coordinator: str,
-        frame: LaunchRanks | ChatFrame,
+        frame: FetchShard | LaunchRanks | ChatFrame,
         work: Callable[[str, Any], Coroutine[Any, Any, None]],
     ) -> None:
         """Run `work`; anything unexpected fails the instance instead of the node."""
@@ -142,6 +158,46 @@ class RankHost:
     def _card(self, name: str) -> ModelCard | None:
         cards = find_models(self.models_dirs, include_bundled=self.include_bundled)
         return next((card for card in cards if card.name == name), None)
+
+    async def _fetch(self, coordinator: str, frame: FetchShard) -> None:
+        """Download this node's share of the model from the hub, reporting progress."""
+        iid = frame.instance_id
+        hosted = self._hosted.setdefault(iid, _Hosted(iid, coordinator))
+        cancel = hosted.fetching = threading.Event()
+        last_report = 0.0
+
+        def fetch() -> None:
+            nonlocal last_report
+            downloading = download(
+                frame.repo_id, layers=frame.layers, total_layers=frame.total_layers, cancel=cancel
+            )
+            for event in downloading:
+                now = time.monotonic()
+                if now - last_report < FETCH_REPORT_S and event.bytes_done < event.total:
+                    continue
+                last_report = now
+                report = FetchProgress(
+                    instance_id=iid,
+                    bytes_done=event.bytes_done,
+                    bytes_total=event.total,
+                    files_done=event.files_done,
+                    files_total=event.files_total,
+                )
+                anyio.from_thread.run(self._send, coordinator, report)
+
+        try:
+            await anyio.to_thread.run_sync(fetch, abandon_on_cancel=True)
+        except DownloadError as error:
+            if not hosted.stopped:
+                reason = f"node {self.node_name} could not download {frame.repo_id}: {error}"
+                await self._failed(hosted, reason)
+            return
+        finally:
+            hosted.fetching = None
+        if self._on_store_changed is not None:
+            await anyio.to_thread.run_sync(self._on_store_changed)
+        if not hosted.stopped:
+            await self._send(coordinator, FetchDone(instance_id=iid))
 
     async def _launch(self, coordinator: str, frame: LaunchRanks) -> None:
         iid = frame.instance_id
@@ -222,6 +278,8 @@ class RankHost:
         if hosted is None:
             return
         hosted.stopped = True
+        if hosted.fetching is not None:
+            hosted.fetching.set()
         for cancel in hosted.cancels.values():
             cancel.set()
         if hosted.ring is not None:

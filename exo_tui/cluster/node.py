@@ -120,7 +120,10 @@ class Node:
         on_foreign: Callable[[Foreign], None] | None = None,
         models_dirs: Sequence[Path] | None = None,
         include_bundled: bool = True,
+        on_store_changed: Callable[[], None] | None = None,
     ) -> None:
+        """`on_store_changed` runs in a worker thread after a download lands in this node's
+        store: the caller rescans its models, so its stats list them."""
         self.identity = identity
         self.key = key
         self.options = options or NodeOptions()
@@ -132,6 +135,7 @@ class Node:
         self.port = self.options.port
         self.models_dirs = models_dirs
         self.include_bundled = include_bundled
+        self._on_store_changed = on_store_changed
         self.coordinator = Coordinator(self.send_to, self.address_of, on_event)
         self.host: RankHost | None = None
 
@@ -150,7 +154,12 @@ class Node:
         self.port = int(listener.extra(anyio.abc.SocketAttribute.local_port))
         async with listener, anyio.create_task_group() as tasks:
             self.host = RankHost(
-                self.identity.name, self.models_dirs, self.send_to, tasks, self.include_bundled
+                self.identity.name,
+                self.models_dirs,
+                self.send_to,
+                tasks,
+                self.include_bundled,
+                on_store_changed=self._on_store_changed,
             )
             self.coordinator.tasks = tasks
             tasks.start_soon(listener.serve, self._accept)

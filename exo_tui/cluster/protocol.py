@@ -34,13 +34,13 @@ from typing import Annotated, Any, Literal, NoReturn, TypeVar, cast
 
 import anyio
 import anyio.abc
-from pydantic import Field, FiniteFloat, TypeAdapter, ValidationError
+from pydantic import Field, FiniteFloat, TypeAdapter, ValidationError, field_validator
 
 from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, Frozen
 from exo_tui.cluster.state import NodeStats
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: per-node downloads (FetchShard ...), partial models in cards
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 HEADER = struct.Struct(">I")  # payload length in bytes; the payload is UTF-8 JSON
 
@@ -132,6 +132,41 @@ class PortsReserved(Frozen):
     ports: tuple[int, ...]
 
 
+class FetchShard(Frozen):
+    """Coordinator -> node: download, from the hub into the node's own cache, the files of
+    `repo_id` that layers `layers` need (None: every file), before the launch."""
+
+    type: Literal["fetch_shard"] = "fetch_shard"
+    instance_id: str = Field(min_length=1)
+    # A hub repo id ("org/name"), never a path: the node fetches into its own store.
+    repo_id: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$", max_length=200)
+    layers: tuple[int, int] | None = None
+    total_layers: int = Field(ge=1)
+
+    @field_validator("repo_id")
+    @classmethod
+    def _no_parent_parts(cls, repo_id: str) -> str:
+        if ".." in repo_id:
+            raise ValueError("a repo id has no '..'")
+        return repo_id
+
+
+class FetchProgress(Frozen):
+    """Node -> coordinator: bytes and files of the node's share that have landed."""
+
+    type: Literal["fetch_progress"] = "fetch_progress"
+    instance_id: str
+    bytes_done: int = Field(ge=0)
+    bytes_total: int = Field(ge=0)
+    files_done: int = Field(ge=0)
+    files_total: int = Field(ge=0)
+
+
+class FetchDone(Frozen):
+    type: Literal["fetch_done"] = "fetch_done"
+    instance_id: str
+
+
 class LaunchRanks(Frozen):
     """Coordinator -> node: join the ring `hosts` (one "host:port" per rank) as `specs`' ranks,
     loading the model called `model` from the node's own store."""
@@ -210,10 +245,10 @@ class InstanceStopped(Frozen):
 
 
 # What a coordinator tells the nodes of an instance, and what they report back.
-HostCommand = ReservePorts | LaunchRanks | ChatFrame | CancelChat | StopInstance
+HostCommand = FetchShard | ReservePorts | LaunchRanks | ChatFrame | CancelChat | StopInstance
 InstanceReport = (
-    PortsReserved | RanksProgress | RanksReady | InstanceFailed | ChunkFrame | ChatFinished
-    | InstanceStopped
+    FetchProgress | FetchDone | PortsReserved | RanksProgress | RanksReady | InstanceFailed
+    | ChunkFrame | ChatFinished | InstanceStopped
 )  # fmt: skip
 InstanceFrame = HostCommand | InstanceReport
 

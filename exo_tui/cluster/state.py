@@ -32,7 +32,7 @@ class HostedRunner(Frozen):
 
     instance_id: str
     ranks: tuple[int, ...] = ()
-    state: Literal["starting", "loading", "ready", "failed"]
+    state: Literal["downloading", "starting", "loading", "ready", "failed"]
 
 
 class NodeStats(Frozen):
@@ -73,6 +73,17 @@ class RunnerLoading(Frozen):
         return self
 
 
+class RunnerDownloading(Frozen):
+    """The node fetches its share of the model's files from the hub before loading it."""
+
+    state: Literal["downloading"] = "downloading"
+    model: str
+    bytes_done: int = Field(default=0, ge=0)
+    bytes_total: int = Field(default=0, ge=0)
+    files_done: int = Field(default=0, ge=0)
+    files_total: int = Field(default=0, ge=0)
+
+
 class RunnerReady(Frozen):
     state: Literal["ready"] = "ready"
     model: str
@@ -92,7 +103,7 @@ class RunnerFailed(Frozen):
 
 
 RunnerState = Annotated[
-    RunnerIdle | RunnerLoading | RunnerReady | RunnerGenerating | RunnerFailed,
+    RunnerIdle | RunnerDownloading | RunnerLoading | RunnerReady | RunnerGenerating | RunnerFailed,
     Field(discriminator="state"),
 ]
 
@@ -218,6 +229,18 @@ class LoadStarted(Frozen):
     total: int = Field(ge=0)
 
 
+class DownloadProgressed(Frozen):
+    """More of a node's share of the model's files has landed (the first report starts it)."""
+
+    type: Literal["download_progressed"] = "download_progressed"
+    node_id: str
+    model: str
+    bytes_done: int = Field(ge=0)
+    bytes_total: int = Field(ge=0)
+    files_done: int = Field(ge=0)
+    files_total: int = Field(ge=0)
+
+
 class LoadProgressed(Frozen):
     type: Literal["load_progressed"] = "load_progressed"
     node_id: str
@@ -289,7 +312,8 @@ class ForeignSeen(Frozen):
 
 
 NodeEvent = (
-    LoadStarted
+    DownloadProgressed
+    | LoadStarted
     | LoadProgressed
     | LoadFinished
     | LoadFailed
@@ -321,7 +345,8 @@ def apply(state: ClusterState, event: ClusterEvent) -> ClusterState:
         case NodeLost(node_id=node_id, reason=reason):
             return _lost(state, node_id, reason)
         case (
-            LoadStarted()
+            DownloadProgressed()
+            | LoadStarted()
             | LoadProgressed()
             | LoadFinished()
             | LoadFailed()
@@ -439,6 +464,11 @@ def _runner_event(state: ClusterState, event: NodeEvent) -> ClusterState:
 def _next_runner(runner: RunnerState, event: NodeEvent) -> RunnerState:
     """The runner after ``event``, or ``runner`` itself when the event does not apply to it."""
     match event:
+        case DownloadProgressed(model=model):
+            if isinstance(runner, RunnerLoading | RunnerGenerating):
+                return runner  # past downloading
+            fields = event.model_dump(exclude={"type", "node_id"})
+            return RunnerDownloading.model_validate(fields | {"model": model})
         case LoadStarted(model=model, total=total):
             return RunnerLoading(model=model, layers_loaded=0, layers_total=total)
         case LoadProgressed(layers_loaded=loaded, total=total):

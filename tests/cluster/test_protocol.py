@@ -21,6 +21,9 @@ from exo_tui.cluster.protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     Challenge,
+    FetchDone,
+    FetchProgress,
+    FetchShard,
     Frame,
     FrameStream,
     Goodbye,
@@ -81,6 +84,11 @@ EVERY_FRAME: list[Frame] = [
     StatsFrame(stats=STATS),
     Goodbye(),
     Goodbye(reason="shutting down: ünïcödé ✓"),
+    FetchShard(
+        instance_id="i1", repo_id="mlx-community/Qwen3-0.6B-4bit", layers=(0, 14), total_layers=28
+    ),
+    FetchProgress(instance_id="i1", bytes_done=1, bytes_total=2, files_done=0, files_total=3),
+    FetchDone(instance_id="i1"),
 ]
 
 
@@ -236,6 +244,25 @@ async def test_a_close_between_frames_is_the_end_of_the_stream() -> None:
         assert await frames.receive() == Welcome()
         with pytest.raises(anyio.EndOfStream):
             await frames.receive()
+
+
+@pytest.mark.parametrize(
+    "repo_id",
+    [
+        "/etc/passwd",
+        "../x",
+        "org/..",
+        "org/name/../../x",
+        "../models/x",
+        "C:\\models\\x",
+        "name",
+        "",
+    ],
+)
+def test_a_fetch_names_a_hub_repo_never_a_path(repo_id: str) -> None:
+    frame = {"type": "fetch_shard", "instance_id": "i1", "repo_id": repo_id, "total_layers": 4}
+    with pytest.raises(ProtocolError, match="repo_id"):
+        decode(json.dumps(frame).encode())
 
 
 async def test_a_reset_connection_is_a_connection_reset_error() -> None:
@@ -487,7 +514,7 @@ async def test_a_future_hello_of_another_shape_still_gets_a_version_answer() -> 
 
     outcome = await handshake_against(future, handshake_server, STUDIO)
     assert isinstance(outcome, HandshakeRefused)
-    assert "laptop speaks version 7 and studio speaks version 1" in outcome.reason
+    assert f"laptop speaks version 7 and studio speaks version {PROTOCOL_VERSION}" in outcome.reason
     assert isinstance(heard[0], Refused) and heard[0].reason == outcome.reason
 
 
@@ -496,13 +523,18 @@ async def test_a_server_of_another_version_is_refused_by_the_client() -> None:
 
     async def newer_server(frames: FrameStream) -> None:
         await frames.receive()
-        challenge = Challenge(version=2, nonce=NONCE, proof=NONCE, **STUDIO.model_dump())
+        challenge = Challenge(
+            version=PROTOCOL_VERSION + 1, nonce=NONCE, proof=NONCE, **STUDIO.model_dump()
+        )
         await frames.send(challenge)
         heard.append(await frames.receive())
 
     outcome = await handshake_against(newer_server, handshake_client, LAPTOP)
     assert isinstance(outcome, HandshakeRefused) and outcome.peer == STUDIO
-    assert "studio speaks version 2 and laptop speaks version 1" in outcome.reason
+    assert (
+        f"studio speaks version {PROTOCOL_VERSION + 1} and laptop speaks version "
+        f"{PROTOCOL_VERSION}" in outcome.reason
+    )
     assert heard == [Refused(reason=outcome.reason)]
 
 

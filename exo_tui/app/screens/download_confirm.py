@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Literal
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -49,19 +50,26 @@ def download_summary(entry: CatalogueEntry, fits: bool, fit_note: str) -> Text:
     )
 
 
-class DownloadConfirm(ModalScreen[bool]):
-    """Dismisses with True to download, False to leave it."""
+Choice = Literal["here", "shares"] | None
+
+
+class DownloadConfirm(ModalScreen[Choice]):
+    """Dismisses with "here" to download the whole model on this machine, "shares" to choose it
+    and have each node of the placement fetch only its share at launch (offered when the
+    model is placed across nodes), None to leave it."""
 
     BINDINGS = [
-        Binding("enter", "download", "Download", id="download.confirm"),
+        Binding("enter", "download", "Download here", id="download.confirm"),
+        Binding("s", "shares", "Each node its share", id="download.shares"),
         Binding("escape", "cancel", "Cancel", id="download.cancel"),
     ]
 
-    def __init__(self, entry: CatalogueEntry, fits: bool, fit_note: str) -> None:
+    def __init__(self, entry: CatalogueEntry, fits: bool, fit_note: str, nodes: int = 1) -> None:
         super().__init__()
         self._entry = entry
         self._fits = fits
         self._fit_note = fit_note
+        self._node_count = nodes
 
     def compose(self) -> ComposeResult:
         with Vertical(id="download-confirm"):
@@ -69,10 +77,22 @@ class DownloadConfirm(ModalScreen[bool]):
             yield Static(
                 download_summary(self._entry, self._fits, self._fit_note), id="download-summary"
             )
-            yield Label("[b]Enter[/] downloads · [b]Esc[/] cancels", id="download-keys")
+            keys = "[b]Enter[/] downloads it all here · [b]Esc[/] cancels"
+            if self._node_count > 1:
+                keys += (
+                    f"\n[b]S[/] chooses it: at launch each of the {self._node_count} nodes "
+                    "downloads only the files of its layers"
+                )
+            yield Label(keys, id="download-keys")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return action != "shares" or self._node_count > 1
 
     def action_download(self) -> None:
-        self.dismiss(True)
+        self.dismiss("here")
+
+    def action_shares(self) -> None:
+        self.dismiss("shares")
 
     def action_cancel(self) -> None:
-        self.dismiss(False)
+        self.dismiss(None)

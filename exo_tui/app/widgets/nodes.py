@@ -12,6 +12,7 @@ from exo_tui.cluster.placement import format_bytes
 from exo_tui.cluster.state import (
     ClusterState,
     NodeView,
+    RunnerDownloading,
     RunnerFailed,
     RunnerGenerating,
     RunnerIdle,
@@ -39,6 +40,11 @@ def runner_text(node: NodeView) -> Text:
     match node.runner:
         case RunnerIdle():
             return Text("idle", style="dim")
+        case RunnerDownloading(model=model, bytes_done=done, bytes_total=total):
+            runner = node.runner
+            files = f"{runner.files_done}/{runner.files_total} files"
+            amount = f"{format_bytes(done)} / {format_bytes(total)}"
+            return Text(f"downloading {model} {amount}, {files}", style="cyan")
         case RunnerLoading(model=model, layers_loaded=done, layers_total=total):
             return Text(f"loading {model} {done}/{total}", style="yellow")
         case RunnerReady(model=model):
@@ -50,7 +56,7 @@ def runner_text(node: NodeView) -> Text:
 
 
 class NodeCard(Vertical):
-    """One node. The load bar shows only while its layers are landing."""
+    """One node. The bar shows only while its files download or its layers load."""
 
     def __init__(self, node: NodeView) -> None:
         super().__init__(classes="node-card")
@@ -75,11 +81,17 @@ class NodeCard(Vertical):
         )
         quiet.show(self.query_one("#node-text", Static), text)
         bar = self.query_one("#node-load", ProgressBar)
-        loading = node.runner if isinstance(node.runner, RunnerLoading) else None
-        if bar.display != (loading is not None):
-            bar.display = loading is not None
-        if loading is not None:
-            bar.update(total=max(loading.layers_total, 1), progress=loading.layers_loaded)
+        match node.runner:
+            case RunnerLoading(layers_loaded=done, layers_total=total):
+                progress: tuple[int, int] | None = (done, total)
+            case RunnerDownloading(bytes_done=done, bytes_total=total):
+                progress = (done, total)
+            case _:
+                progress = None
+        if bar.display != (progress is not None):
+            bar.display = progress is not None
+        if progress is not None:
+            bar.update(total=max(progress[1], 1), progress=progress[0])
 
 
 class NodesPanel(VerticalScroll):
