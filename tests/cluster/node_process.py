@@ -60,8 +60,11 @@ StartNode = Callable[..., "NodeProcess"]
 def start(tmp_path: Path) -> Iterator[StartNode]:
     started: list[subprocess.Popen[str]] = []
 
-    def start_node(name: str, *args: str, key: str = KEY) -> NodeProcess:
-        env = {k: v for k, v in os.environ.items() if k != "EXO_TUI_KEY"}
+    def start_node(
+        name: str, *args: str, key: str = KEY, env: dict[str, str] | None = None
+    ) -> NodeProcess:
+        """`env`: more environment for this node (e.g. its own Hugging Face cache)."""
+        env = {k: v for k, v in os.environ.items() if k != "EXO_TUI_KEY"} | (env or {})
         env["EXO_TUI_HOME"] = str(tmp_path / name)
         argv = [sys.executable, "-m", "exo_tui.cli", "node", "--json", "--no-mdns", "--port", "0"]
         argv += ["--key", key, "--name", name, *args]

@@ -1,0 +1,179 @@
+"""Each node of a pipeline fetches only its share of a hub model, then the ring loads and chats.
+
+Real `exo-tui node` processes, each with its own Hugging Face cache, download from a local
+server that behaves like the hub (tests/hub_server.py); the coordinator is a Node in this
+process, as in the TUI.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from engine.generate import generate
+from engine.loading import load_model_sync
+from engine.models import read_card
+from engine.types import DoneChunk, ModelCard
+from exo_tui.cluster.coordinator import ClusterError, plan_fetches
+from exo_tui.cluster.placement import Placement
+from exo_tui.cluster.state import DownloadProgressed, NodeStats
+from tests.cluster.node_process import NodeProcess, StartNode
+from tests.cluster.test_coordinator import REQUEST, Coordinating, collect, runner_pids
+from tests.hub_server import HubServer
+
+pytestmark = pytest.mark.anyio
+
+REPO = "mlx-community/tiny-llama-4bit"
+# tiny_model_factory("llama", shards=4): one layer per file; the embeddings are in the first
+# file, the final norm and head in the last. Every pipeline rank needs the first and last.
+SHARDS = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
+
+
+@pytest.fixture(scope="module")
+def sharded(tiny_model_factory) -> Path:  # type: ignore[no-untyped-def]
+    return tiny_model_factory("llama", shards=4)
+
+
+@pytest.fixture
+def hub(sharded: Path) -> Iterator[HubServer]:
+    with HubServer() as server:
+        server.add_repo(REPO, sharded)
+        yield server
+
+
+def hub_env(hub: HubServer, home: Path) -> dict[str, str]:
+    """A node's own Hugging Face cache, reaching the test hub."""
+    return {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub")}
+
+
+def start_fetcher(start: StartNode, hub: HubServer, tmp_path: Path, name: str) -> NodeProcess:
+    empty = tmp_path / f"{name}-models"
+    empty.mkdir()
+    return start(name, "--models-dir", str(empty), env=hub_env(hub, tmp_path / f"{name}-hf"))
+
+
+def snapshot_files(tmp_path: Path, name: str) -> set[str]:
+    snapshots = tmp_path / f"{name}-hf" / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots"
+    return {p.name for p in snapshots.glob("*/*.safetensors")}
+
+
+def hub_card(sharded: Path) -> ModelCard:
+    """What the TUI places for a catalogue model: a hub repo, on no node's disk yet."""
+    return read_card(sharded, "hf_cache", name=REPO)
+
+
+def shares(placement: Placement) -> dict[str, tuple[int, int]]:
+    return {s.node_id: (s.start_layer, s.end_layer) for s in placement.shards}
+
+
+async def test_each_node_fetches_only_its_layers_then_the_ring_matches_one_process(
+    start: StartNode, hub: HubServer, sharded: Path, tmp_path: Path
+) -> None:
+    nodes = [start_fetcher(start, hub, tmp_path, name) for name in ("n0", "n1")]
+    cluster = Coordinating(nodes)
+    card = hub_card(sharded)
+    expected = list(generate(load_model_sync(sharded), REQUEST))[-1]
+    assert isinstance(expected, DoneChunk)
+    async with anyio.create_task_group() as tasks:
+        placement = await cluster.start_and_place(tasks, card)
+        assert shares(placement) == {nodes[0].node_id: (0, 2), nodes[1].node_id: (2, 4)}
+        fetches = plan_fetches(placement, card, [n.stats for n in cluster.state.nodes])
+        assert fetches == {nodes[0].node_id: (0, 2), nodes[1].node_id: (2, 4)}
+        await cluster.node.coordinator.launch(placement, card, fetches=fetches)
+        # Each cache holds its layers' files plus the first and last (embeddings, head).
+        assert snapshot_files(tmp_path, "n0") == {SHARDS[0], SHARDS[1], SHARDS[3]}
+        assert snapshot_files(tmp_path, "n1") == {SHARDS[0], SHARDS[2], SHARDS[3]}
+        # Every node's download was shown, up to its whole share.
+        progress = [e for e in cluster.events if isinstance(e, DownloadProgressed)]
+        assert {e.node_id for e in progress} == {n.node_id for n in nodes}
+        for node in nodes:
+            last = [e for e in progress if e.node_id == node.node_id][-1]
+            assert last.bytes_done == last.bytes_total > 0
+            assert last.files_done == last.files_total
+        # Loaded from partial folders, the ring answers token for token as one process does.
+        chunks = await collect(cluster.node.coordinator.chat(REQUEST))
+        assert isinstance(chunks[-1], DoneChunk), chunks
+        assert chunks[-1].token_ids == expected.token_ids
+        # The nodes now list the model with the layers they hold: nothing to fetch next time.
+        await cluster.wait(lambda: not plan_fetches(placement, card, stats(cluster)), 5)
+        held = {n.node_id: card_of(n) for n in stats(cluster)}
+        # (The first and last files also hold layers 0 and 3.)
+        assert held[nodes[0].node_id].layers_on_disk == (0, 1, 3)
+        assert held[nodes[1].node_id].layers_on_disk == (0, 2, 3)
+        await cluster.node.coordinator.stop()
+        tasks.cancel_scope.cancel()
+
+
+async def test_one_node_downloads_while_the_other_has_the_model(
+    start: StartNode, hub: HubServer, sharded: Path, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(sharded, models / REPO)
+    has = start("has", "--models-dir", str(models), env=hub_env(hub, tmp_path / "has-hf"))
+    lacks = start_fetcher(start, hub, tmp_path, "lacks")
+    cluster = Coordinating([has, lacks])
+    card = hub_card(sharded)
+    async with anyio.create_task_group() as tasks:
+        placement = await cluster.start_and_place(tasks, card)
+        fetches = plan_fetches(placement, card, stats(cluster))
+        assert list(fetches) == [lacks.node_id]
+        await cluster.node.coordinator.launch(placement, card, fetches=fetches)
+        # The hub served only the fetching node's share, each file once.
+        served = sorted(s.file for s in hub.served if s.file.endswith(".safetensors") and s.sent)
+        share = shares(placement)[lacks.node_id]
+        wanted = {SHARDS[0], SHARDS[3], *(SHARDS[i] for i in range(*share))}
+        assert served == sorted(wanted)
+        assert not snapshot_files(tmp_path, "has")
+        chunks = await collect(cluster.node.coordinator.chat(REQUEST))
+        assert isinstance(chunks[-1], DoneChunk), chunks
+        await cluster.node.coordinator.stop()
+        tasks.cancel_scope.cancel()
+
+
+async def test_a_failed_download_fails_the_launch_and_names_the_node(
+    start: StartNode, hub: HubServer, sharded: Path, tmp_path: Path
+) -> None:
+    hub.repos[REPO].status = "gated"
+    nodes = [start_fetcher(start, hub, tmp_path, name) for name in ("n0", "n1")]
+    cluster = Coordinating(nodes)
+    card = hub_card(sharded)
+    async with anyio.create_task_group() as tasks:
+        placement = await cluster.start_and_place(tasks, card)
+        fetches = plan_fetches(placement, card, stats(cluster))
+        with pytest.raises(ClusterError, match=r"node n[01] could not download .*gated") as error:
+            await cluster.node.coordinator.launch(placement, card, fetches=fetches)
+        assert "HF_TOKEN" in str(error.value) or "access" in str(error.value)
+        assert cluster.node.coordinator.instance is None
+        assert all(not runner_pids(n) for n in nodes)
+        assert all(n.process.poll() is None for n in nodes)  # the nodes stay up
+        tasks.cancel_scope.cancel()
+
+
+def test_a_model_that_is_not_a_hub_repo_cannot_be_fetched(tiny_llama: Path) -> None:
+    card = read_card(tiny_llama)  # a local folder: nothing to download it from
+    placement_card = card.model_copy(update={"name": "tiny-llama"})
+    from exo_tui.cluster.placement import place
+
+    nodes = [
+        NodeStats(node_id=i, name=i, backend="cpu", blas="", memory_total_bytes=2**34,
+                  memory_available_bytes=2**33, models=models, cards=cards)
+        for i, models, cards in (("a", ("tiny-llama",), (placement_card,)), ("b", (), ()))
+    ]  # fmt: skip
+    placement = place(nodes, placement_card, "pipeline")
+    assert isinstance(placement, Placement)
+    with pytest.raises(ClusterError, match="node b has no model called tiny-llama"):
+        plan_fetches(placement, placement_card, nodes)
+    hub = placement_card.model_copy(update={"source": "hf_cache"})
+    assert plan_fetches(placement, hub, nodes) == {"b": shares(placement)["b"]}
+
+
+def stats(cluster: Coordinating) -> list[NodeStats]:
+    return [n.stats for n in cluster.state.nodes]
+
+
+def card_of(node: NodeStats) -> ModelCard:
+    return next(c for c in node.cards if c.name == REPO)
