@@ -414,8 +414,9 @@ class ExoTuiApp(App[None]):
 
     @on(DownloadPanel.Finished)
     def _downloaded(self, message: DownloadPanel.Finished) -> None:
-        self.notify(f"{message.repo_id} is downloaded. Ctrl+L launches it.")
+        self.notify(f"{message.repo_id} is downloaded; loading it.")
         self._preselect = message.repo_id  # chosen once the models are found again
+        self._load_at_start = True  # and launched: the user asked for this model
         self._find_models()
 
     @on(DownloadPanel.Failed)

@@ -189,8 +189,7 @@ async def test_a_catalogue_model_downloads_with_its_bars_then_is_chosen_and_laun
         assert app.card.source == "hf_cache"
         assert Path(app.card.path).is_relative_to(cache_folder(REPO))
         assert any(f"{REPO} is downloaded" in n for n in notices(app))
-
-        await pilot.press("ctrl+l")
+        # Then it loads, without another key.
         await wait_until(
             pilot,
             lambda: app.loaded is not None and isinstance(app.state.nodes[0].runner, RunnerReady),

@@ -1,0 +1,123 @@
+"""The TUI's cluster download: a catalogue model placed over this app and a real `exo-tui node`
+peer; each node fetches only its share from a local hub at launch, with its own progress bar."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import huggingface_hub.constants as hf_constants
+import pytest
+from textual.widgets import Label
+
+from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.screens.download_confirm import DownloadConfirm
+from exo_tui.app.widgets.chat import AnswerView, PromptInput, StatsLine
+from exo_tui.app.widgets.nodes import NodeCard
+from exo_tui.cluster.node import ClusterSetup, NodeOptions
+from exo_tui.cluster.placement import Placement
+from exo_tui.cluster.state import ClusterEvent, DownloadProgressed, RunnerReady
+from exo_tui.store.identity import ClusterKey, load_node_identity
+from tests.app.helpers import fixed_stats, wait_until
+from tests.app.test_app_cluster import choose_every_node
+from tests.app.test_app_download import catalogue_entry
+from tests.cluster.node_process import KEY, StartNode
+from tests.hub_server import HubServer
+
+pytestmark = pytest.mark.anyio
+
+REPO = "mlx-community/tiny-llama-shards"
+SHARDS = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
+
+
+@pytest.fixture
+def sharded(tiny_model_factory) -> Path:  # type: ignore[no-untyped-def]
+    return tiny_model_factory("llama", shards=4)
+
+
+@pytest.fixture
+def hub(sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
+    with HubServer() as server:
+        server.add_repo(REPO, sharded)
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "app-hf"))
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "app-hf" / "hub"))
+        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 4096)
+        yield server
+
+
+def cached_shards(hf_home: Path) -> set[str]:
+    folder = hf_home / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots"
+    return {p.name for p in folder.glob("*/*.safetensors")}
+
+
+def files_for(start: int, end: int) -> set[str]:
+    """One layer per file; every rank also needs the first (embeddings) and last (head)."""
+    return {SHARDS[0], SHARDS[3], *(SHARDS[layer] for layer in range(start, end))}
+
+
+async def test_each_node_downloads_its_share_with_a_bar_then_the_model_loads_and_chats(
+    start: StartNode, sharded: Path, hub: HubServer, tmp_path: Path
+) -> None:
+    empty = tmp_path / "models"
+    empty.mkdir()
+    peer_env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "peer-hf"),
+                "HF_HUB_CACHE": str(tmp_path / "peer-hf" / "hub")}  # fmt: skip
+    peer = start("peer", "--models-dir", str(empty), env=peer_env)
+    me = load_node_identity()
+    setup = ClusterSetup(
+        identity=me,
+        key=ClusterKey(text=KEY),
+        options=NodeOptions(port=0, mdns=False, peers=(peer.address,)),
+    )
+    app = ExoTuiApp(
+        models_dirs=[empty],
+        node_stats=lambda models: fixed_stats()(models).model_copy(update={"node_id": me.node_id}),
+        bundled=False,
+        cluster=setup,
+        catalogue=[catalogue_entry(sharded, REPO)],
+    )
+    seen: list[ClusterEvent] = []
+    dispatch = app.dispatch
+
+    def record(event: ClusterEvent) -> None:
+        seen.append(event)
+        dispatch(event)
+
+    app.dispatch = record  # type: ignore[method-assign]
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: len(app.state.online_nodes) == 2, timeout=15)
+        await choose_every_node(pilot)
+        # No model on disk anywhere: the picker offers the catalogue's, and asks.
+        await pilot.pause()
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: app.screen.__class__.__name__ == "ModelPicker")
+        await pilot.press(*"shards", "enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, DownloadConfirm))
+        keys = str(app.screen.query_one("#download-keys", Label).content)
+        assert "each of the 2 nodes downloads only the files of its layers" in keys
+        await pilot.press("s")
+        await wait_until(pilot, lambda: app.card is not None and app.card.name == REPO)
+        assert isinstance(app.placement, Placement) and app.placement.world_size == 2
+        ranges = {s.node_id: (s.start_layer, s.end_layer) for s in app.placement.shards}
+
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: app.state.instance_status == "ready", timeout=60)
+        assert all(isinstance(n.runner, RunnerReady) for n in app.state.nodes)
+        # Each node showed its own download, to the end of its share...
+        downloads = [e for e in seen if isinstance(e, DownloadProgressed)]
+        assert {e.node_id for e in downloads} == {me.node_id, peer.node_id}
+        for node_id in (me.node_id, peer.node_id):
+            last = [e for e in downloads if e.node_id == node_id][-1]
+            assert last.bytes_done == last.bytes_total > 0
+        # ...and fetched only the files of its layers.
+        assert cached_shards(tmp_path / "app-hf") == files_for(*ranges[me.node_id])
+        assert cached_shards(tmp_path / "peer-hf") == files_for(*ranges[peer.node_id])
+        assert len(app.query(NodeCard)) == 2
+
+        await pilot.click(PromptInput)
+        await pilot.press(*"Hello there", "enter")
+        await wait_until(pilot, lambda: bool(app.query(StatsLine)), timeout=60)
+        assert app.query_one(AnswerView).text.strip()
