@@ -289,7 +289,9 @@ class ExoTuiApp(App[None]):
         if status == "loading":
             started = self._load_started
             elapsed = "" if started is None else f" {time.monotonic() - started:.1f} s"
-            return Text(f"loading…{elapsed} (Esc cancels)")
+            fetching = any(n.runner.state == "downloading" for n in self.state.nodes)
+            doing = "downloading each node's share" if fetching else "loading"
+            return Text(f"{doing}…{elapsed} (Esc cancels)")
         if status == "failed" and self.state.instance is not None:
             reason = self.state.instance.failed_reason or "a node failed"
             return Text(f"failed: {reason}. Ctrl+L places and launches again.", style="red")

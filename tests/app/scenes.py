@@ -21,6 +21,7 @@ from exo_tui.app.widgets.chat import ChatPane, PromptInput
 from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.nodes import NodeCard
 from exo_tui.cluster.state import (
+    DownloadProgressed,
     ForeignNode,
     ForeignSeen,
     InstancePlaced,
@@ -218,6 +219,25 @@ async def downloading(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await settle(app, pilot)
 
 
+async def fetching(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """A model placed over three nodes: two fetch their share of its files, one has it."""
+    await _model_chosen(app, pilot)
+    _peers(app)
+    app.dispatch(NodesChosen(node_ids=None))
+    await wait_until(pilot, lambda: len(app.query(NodeCard)) == 3)
+    assert app.placement is not None and app.card is not None
+    app.dispatch(InstancePlaced(placement=app.placement))  # type: ignore[arg-type]
+    model = app.card.name
+    shards = app.placement.shards  # type: ignore[union-attr]
+    progress = ((1_210_000_000, 2_050_000_000, 3), (410_000_000, 1_580_000_000, 1))
+    for shard, (done, total, files) in zip(shards[1:], progress, strict=True):
+        app.dispatch(
+            DownloadProgressed(node_id=shard.node_id, model=model, bytes_done=done,
+                               bytes_total=total, files_done=files, files_total=5)
+        )  # fmt: skip
+    await settle(app, pilot)
+
+
 SCENES: dict[str, Scene] = {
     "empty": empty,
     "placement": placement,
@@ -229,4 +249,5 @@ SCENES: dict[str, Scene] = {
     "lost": lost,
     "picker": picker,
     "downloading": downloading,
+    "fetching": fetching,
 }
