@@ -46,6 +46,19 @@ class ModelCard(Frozen):
     # whole model's, from its index.
     layers_on_disk: tuple[int, ...] | None = None
 
+    @property
+    def partial_note(self) -> str | None:
+        """ "layers 0-11, 23 of 24 on disk" for part of a download, None for a whole model."""
+        if self.layers_on_disk is None:
+            return None
+        spans: list[str] = []
+        for layer in self.layers_on_disk:
+            if spans and spans[-1].rsplit("-", 1)[-1] == str(layer - 1):
+                spans[-1] = f"{spans[-1].split('-')[0]}-{layer}"
+            else:
+                spans.append(str(layer))
+        return f"layers {', '.join(spans) or 'none'} of {self.num_layers} on disk"
+
     def holds_layers(self, start: int, end: int) -> bool:
         """Whether the weights of layers [start, end) (and those outside layers) are on disk."""
         held = self.layers_on_disk

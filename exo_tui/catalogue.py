@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -84,6 +85,9 @@ class _CatalogueFile(Frozen):
     model: tuple[CatalogueEntry, ...]
 
 
+USER_CATALOGUE_ENV = "EXO_TUI_CATALOGUE"
+
+
 def _default_text() -> str:
     return resources.files("exo_tui").joinpath("catalogue.toml").read_text(encoding="utf-8")
 
@@ -106,12 +110,33 @@ def parse_catalogue(text: str, origin: str = "catalogue.toml") -> tuple[Catalogu
     return entries
 
 
-@functools.cache
 def load_catalogue(path: Path | None = None) -> tuple[CatalogueEntry, ...]:
-    """The catalogue shipped in the package, or the one at `path`."""
-    if path is None:
-        return parse_catalogue(_default_text())
-    return parse_catalogue(path.read_text(encoding="utf-8"), str(path))
+    """The catalogue at `path`; by default the one shipped in the package, after the user's
+    own entries from the file named by EXO_TUI_CATALOGUE (the same format), if set."""
+    if path is not None:
+        return _read(str(path))
+    return _with_user_entries(os.environ.get(USER_CATALOGUE_ENV) or None)
+
+
+@functools.cache
+def _with_user_entries(user_file: str | None) -> tuple[CatalogueEntry, ...]:
+    packaged = parse_catalogue(_default_text())
+    if user_file is None:
+        return packaged
+    try:
+        own = _read(user_file)
+    except OSError as error:
+        raise CatalogueError(
+            f"Cannot read {user_file}, named by {USER_CATALOGUE_ENV} ({error.strerror or error})",
+            f"Fix the path, or unset {USER_CATALOGUE_ENV}",
+        ) from error
+    mine = {entry.repo.lower() for entry in own}
+    return (*own, *(entry for entry in packaged if entry.repo.lower() not in mine))
+
+
+@functools.cache
+def _read(path: str) -> tuple[CatalogueEntry, ...]:
+    return parse_catalogue(Path(path).read_text(encoding="utf-8"), path)
 
 
 def find_entry(repo: str) -> CatalogueEntry | None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
@@ -13,8 +14,6 @@ from exo_tui.catalogue import find_entry
 from exo_tui.downloads import Downloading, DownloadProgress, download
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from rich.progress import TaskID
 
 
@@ -99,15 +98,36 @@ def run_download(args: argparse.Namespace) -> int:
     layers = parse_layers(args.layers) if args.layers else None
     entry = find_entry(args.repo)
     repo_id = entry.repo if entry is not None else args.repo
+    try:
+        download_with_progress(
+            repo_id,
+            as_json=args.json,
+            revision=args.revision,
+            layers=layers,
+            total_layers=entry.layers if entry is not None and layers else None,
+        )
+    except KeyboardInterrupt:
+        print(f"exo-tui: stopped; run the same command to resume {repo_id}", file=sys.stderr)
+        return 130
+    return 0
+
+
+def download_with_progress(
+    repo_id: str,
+    *,
+    as_json: bool,
+    revision: str = "main",
+    layers: tuple[int, int] | None = None,
+    total_layers: int | None = None,
+) -> Path:
+    """Download with bars on stderr (or JSON Lines on stdout) and return the snapshot folder.
+
+    Ctrl+C (KeyboardInterrupt) stops the download threads and keeps the partial files."""
     cancel = threading.Event()
     downloading: Downloading = download(
-        repo_id,
-        revision=args.revision,
-        layers=layers,
-        total_layers=entry.layers if entry is not None and layers else None,
-        cancel=cancel,
+        repo_id, revision=revision, layers=layers, total_layers=total_layers, cancel=cancel
     )
-    out = JsonDownload() if args.json else RichDownload(repo_id)
+    out = JsonDownload() if as_json else RichDownload(repo_id)
     try:
         while True:
             try:
@@ -118,10 +138,8 @@ def run_download(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         cancel.set()
         downloading.close()  # the download threads stop; partial files stay for next time
-        out.stop()
-        print(f"exo-tui: stopped; run the same command to resume {repo_id}", file=sys.stderr)
-        return 130
+        raise
     finally:
         out.stop()
     out.finished(repo_id, snapshot)
-    return 0
+    return snapshot

@@ -75,14 +75,15 @@ def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
 def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     from engine.generate import validate
     from engine.loading import load_model
-    from engine.models import resolve_model
     from exo_tui.conversation import chat_turn
     from exo_tui.tools import builtin_registry, local_cluster_status
 
     prompt = read_prompt(args)
     request = build_request(args, prompt)
     validate(request)  # a bad request fails before minutes of loading
-    card = resolve_model(args.model or default_model_spec(args.models_dir), args.models_dir)
+    card = chat_card(args.model or default_model_spec(args.models_dir), args.models_dir)
+    if cluster is None and (card.layers_on_disk is not None or card.source == "hf_cache"):
+        card = downloaded(card, args.json)  # nothing, or the rest, of a catalogue model
     registry = builtin_registry(lambda: local_cluster_status(card.name))
     if not args.no_tools:
         request = request.model_copy(update={"tools": registry.specs})
@@ -104,6 +105,33 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
         ModelReady(model=card.name, load_seconds=time.perf_counter() - started, blas=loaded.blas)
     )
     return print_turn(chat_turn(loaded, request, registry), out)
+
+
+def chat_card(spec: str, models_dirs: list[Path] | None) -> ModelCard:
+    """The model to chat with: on disk (a path or a name), else a catalogue model by repo id,
+    which `exo-tui chat` downloads (whole, or on a cluster each node its share)."""
+    from engine.models import resolve_model
+    from exo_tui.catalogue import entry_card, find_entry
+
+    try:
+        return resolve_model(spec, models_dirs)
+    except ModelNotFoundError:
+        entry = find_entry(spec)
+        if entry is None:
+            raise
+        return entry_card(entry)
+
+
+def downloaded(card: ModelCard, as_json: bool) -> ModelCard:
+    """`card` once all its files are in the Hugging Face cache (fetching what is missing)."""
+    from engine.models import missing_weight_files, read_card
+    from exo_tui.download_command import download_with_progress
+
+    folder = Path(card.path)
+    if (folder / "config.json").is_file() and not missing_weight_files(folder):
+        return card
+    snapshot = download_with_progress(card.name, as_json=as_json)
+    return read_card(snapshot, "hf_cache", name=card.name)
 
 
 def run_chat_on_ranks(
@@ -272,6 +300,7 @@ def _card_lines(cards: list[ModelCard]) -> Iterator[str]:
         yield (
             f"{card.name:<40} {card.source:<10} {card.model_type:<12} {card.num_layers:>3} layers "
             f"{card.bytes_on_disk / 1e6:>9.1f} MB {quant:<8} {tensor}  {card.path}"
+            + (f"  ({card.partial_note})" if card.partial_note else "")
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,24 @@ def test_bad_entries_are_refused_with_the_reason() -> None:
         parse_catalogue(toml(tool_format="xml"))
     with pytest.raises(EngineError, match="more than once"):
         parse_catalogue(toml() + toml())
+
+
+def test_a_user_catalogue_comes_first_and_replaces_entries_of_the_same_repo(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.cli.test_chat_downloads_cli import catalogue_toml
+
+    packaged = ENTRIES[0]
+    mine = packaged.model_copy(update={"context_length": 4096})
+    extra = ENTRIES[1].model_copy(update={"repo": "me/my-own-model"})
+    own = tmp_path / "mine.toml"
+    own.write_text(catalogue_toml(mine) + catalogue_toml(extra))
+    monkeypatch.setenv("EXO_TUI_CATALOGUE", str(own))
+    entries = load_catalogue()
+    assert [e.repo for e in entries[:2]] == [packaged.repo, "me/my-own-model"]
+    assert entries[0].context_length == 4096
+    assert len(entries) == len(ENTRIES) + 1
+    assert find_entry("ME/my-own-model") == entries[1]
+    monkeypatch.setenv("EXO_TUI_CATALOGUE", str(tmp_path / "missing.toml"))
+    with pytest.raises(EngineError, match="missing.toml, named by EXO_TUI_CATALOGUE"):
+        load_catalogue()

@@ -469,7 +469,13 @@ class ExoTuiApp(App[None]):
         elif not self._on_disk(self.card):
             entry = self._catalogue_entry(self.card.name)
             if entry is None:
-                self.notify(f"{self.card.name} is not on disk here.", severity="error")
+                have = self.card.partial_note or "nothing"
+                self.notify(
+                    f"Cannot load {self.card.name} on this node alone: {have}. Place it across "
+                    "the nodes that hold the rest (F2), or download it: exo-tui models download",
+                    severity="error",
+                    timeout=10,
+                )
             else:
                 self._offer_download(entry, *self._fit(self.card))
             return

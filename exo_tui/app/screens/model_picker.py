@@ -30,7 +30,8 @@ class PickerEntry:
 def describe(card: ModelCard) -> str:
     weights = f"{card.quantization.bits}-bit" if card.quantization else (card.dtype or "?")
     size = f"{card.bytes_on_disk / 1e6:,.1f} MB"
-    return f"{card.model_type}, {card.num_layers} layers, {size}, {weights}"
+    partial = f" ({card.partial_note})" if card.partial_note else ""
+    return f"{card.model_type}, {card.num_layers} layers, {size}, {weights}{partial}"
 
 
 def describe_entry(entry: CatalogueEntry) -> str:
