@@ -117,6 +117,20 @@ def build_parser() -> argparse.ArgumentParser:
         "models", help="list the models found and the catalogue; `models download REPO`"
     )
     models.add_argument("--json", action="store_true", help="one JSON card per line")
+    models.add_argument(
+        "--cluster",
+        action="store_true",
+        help="say whether each model fits the cluster's nodes (default: this machine alone)",
+    )
+    models.add_argument(
+        "--discover",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="with --cluster: seconds to look for nodes (default 3)",
+    )
+    _add_node_options(models)
+    _add_no_mdns(models)
     _add_models_dir(models)
     models_commands = models.add_subparsers(dest="models_command")
     fetch = models_commands.add_parser(
@@ -228,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "models":
             from exo_tui.headless import list_models
 
-            return list_models(args)
+            return list_models(args, cluster_setup(args) if args.cluster else None)
         if args.command == "key":
             return show_key(args)
         if args.command == "node":

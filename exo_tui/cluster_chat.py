@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
@@ -55,6 +56,34 @@ def choose(state: ClusterState, wanted: str | None) -> tuple[NodeStats, ...]:
             )
         chosen.append(node.stats)
     return tuple(chosen)
+
+
+def discover_nodes(
+    setup: ClusterSetup, models_dirs: list[Path] | None, seconds: float
+) -> list[NodeStats]:
+    """The nodes of the cluster (this one first) found within `seconds`."""
+    return anyio.run(_discover, setup, models_dirs, seconds)
+
+
+async def _discover(
+    setup: ClusterSetup, models_dirs: list[Path] | None, seconds: float
+) -> list[NodeStats]:
+    state = ClusterState()
+
+    def on_event(event: ClusterEvent) -> None:
+        nonlocal state
+        state = apply(state, event)
+
+    cards = find_models(models_dirs)
+    me = local_node_stats(identity=setup.identity, cards=cards)
+    node = Node(setup.identity, setup.key, stats=lambda: me, on_event=on_event,
+                options=setup.options, models_dirs=models_dirs)  # fmt: skip
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(node.run)
+        on_event(NodeSeen(stats=me, at=time.time()))
+        await anyio.sleep(seconds)
+        tasks.cancel_scope.cancel()
+    return [n.stats for n in state.online_nodes]
 
 
 def run_chat_on_cluster(

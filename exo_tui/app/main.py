@@ -47,7 +47,7 @@ from exo_tui.catalogue import CatalogueEntry, entry_card, load_catalogue
 from exo_tui.cluster.coordinator import ClusterError, Fetches, plan_fetches
 from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
-from exo_tui.cluster.placement import Placement, PlacementError, Strategy, place
+from exo_tui.cluster.placement import Placement, PlacementError, Strategy, fit, place
 from exo_tui.cluster.state import (
     ClusterEvent,
     ClusterState,
@@ -366,13 +366,7 @@ class ExoTuiApp(App[None]):
 
     def _fit(self, card: ModelCard) -> tuple[bool, str]:
         """Whether `card` fits the chosen nodes (pipeline, else tensor), and a note saying so."""
-        result = place(self.state.candidates, card, "pipeline", context_length=CONTEXT_LENGTH)
-        if isinstance(result, PlacementError) and card.supports_tensor:
-            tensor = place(self.state.candidates, card, "tensor", context_length=CONTEXT_LENGTH)
-            result = tensor if isinstance(tensor, Placement) else result
-        if isinstance(result, Placement):
-            return True, f"fits ({result.strategy})"
-        return False, result.message
+        return fit(self.state.candidates, card, context_length=CONTEXT_LENGTH)
 
     def _picker_entries(self) -> list[PickerEntry]:
         """Models on disk, then the catalogue's models that are not."""

@@ -390,3 +390,17 @@ def _pipeline_counts(
             counts[donor] -= 1
             counts[i] = 1
     return counts
+
+
+def fit(
+    nodes: Sequence[PlacementNode], card: ModelCard, *, context_length: int = 4096
+) -> tuple[bool, str]:
+    """Whether `card` fits `nodes` (pipeline first, else tensor), and a note saying how or why
+    not: "fits (pipeline)", or the pipeline placement's reason."""
+    result = place(nodes, card, "pipeline", context_length=context_length)
+    if isinstance(result, PlacementError) and card.supports_tensor:
+        tensor = place(nodes, card, "tensor", context_length=context_length)
+        result = tensor if isinstance(tensor, Placement) else result
+    if isinstance(result, Placement):
+        return True, f"fits ({result.strategy})"
+    return False, result.message

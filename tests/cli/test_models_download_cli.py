@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.node_process import KEY, StartNode
 from tests.hub_server import HubServer
 
 REPO = "mlx-community/tiny-llama-4bit"
@@ -66,3 +67,24 @@ def test_download_with_bars_and_clean_errors(hub_env: tuple[HubServer, dict[str,
     assert "Traceback" not in gated.stderr
     bad = exo_tui(env, "models", "download", REPO, "--layers", "3")
     assert bad.returncode == 2 and "START:END" in bad.stderr
+
+
+def test_models_says_whether_each_catalogue_model_fits_this_machine_or_the_cluster(
+    hub_env: tuple[HubServer, dict[str, str]], start: StartNode
+) -> None:
+    _, env = hub_env
+    listed = exo_tui(env, "models", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    catalogue = {r["name"]: r for r in rows if r.get("type") == "catalogue"}
+    small = catalogue["mlx-community/Llama-3.2-1B-Instruct-4bit"]
+    assert small["fits"] and small["fit"] == "fits (pipeline)"
+    huge = catalogue["mlx-community/Qwen3-235B-A22B-4bit"]
+    assert not huge["fits"] and "does not fit" in huge["fit"]
+
+    peer = start("peer")
+    text = exo_tui(env, "models", "--cluster", "--no-mdns", "--port", "0", "--key", KEY,
+                   "--peer", peer.address, "--discover", "2")  # fmt: skip
+    assert text.returncode == 0, text.stderr
+    assert "fit on the 2 nodes found" in text.stdout
+    assert "Qwen3-235B-A22B-4bit" in text.stdout and "does not fit (pipeline over 2" in text.stdout
