@@ -290,7 +290,7 @@ class ExoTuiApp(App[None]):
             started = self._load_started
             elapsed = "" if started is None else f" {time.monotonic() - started:.1f} s"
             fetching = any(n.runner.state == "downloading" for n in self.state.nodes)
-            doing = "downloading each node's share" if fetching else "loading"
+            doing = "downloading" if fetching else "loading"
             return Text(f"{doing}…{elapsed} (Esc cancels)")
         if status == "failed" and self.state.instance is not None:
             reason = self.state.instance.failed_reason or "a node failed"

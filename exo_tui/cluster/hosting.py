@@ -178,6 +178,7 @@ class RankHost:
                 last_report = now
                 report = FetchProgress(
                     instance_id=iid,
+                    file=event.file,
                     bytes_done=event.bytes_done,
                     bytes_total=event.total,
                     files_done=event.files_done,

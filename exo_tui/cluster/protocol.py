@@ -156,6 +156,7 @@ class FetchProgress(Frozen):
 
     type: Literal["fetch_progress"] = "fetch_progress"
     instance_id: str
+    file: str = ""  # the file landing now
     bytes_done: int = Field(ge=0)
     bytes_total: int = Field(ge=0)
     files_done: int = Field(ge=0)

@@ -78,6 +78,7 @@ class RunnerDownloading(Frozen):
 
     state: Literal["downloading"] = "downloading"
     model: str
+    file: str = ""
     bytes_done: int = Field(default=0, ge=0)
     bytes_total: int = Field(default=0, ge=0)
     files_done: int = Field(default=0, ge=0)
@@ -235,6 +236,7 @@ class DownloadProgressed(Frozen):
     type: Literal["download_progressed"] = "download_progressed"
     node_id: str
     model: str
+    file: str = ""
     bytes_done: int = Field(ge=0)
     bytes_total: int = Field(ge=0)
     files_done: int = Field(ge=0)

@@ -233,7 +233,8 @@ async def fetching(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     for shard, (done, total, files) in zip(shards[1:], progress, strict=True):
         app.dispatch(
             DownloadProgressed(node_id=shard.node_id, model=model, bytes_done=done,
-                               bytes_total=total, files_done=files, files_total=5)
+                               bytes_total=total, files_done=files, files_total=5,
+                               file=f"model-0000{files + 1}-of-00005.safetensors")
         )  # fmt: skip
     await settle(app, pilot)
 

@@ -42,7 +42,10 @@ def runner_text(node: NodeView) -> Text:
             return Text("idle", style="dim")
         case RunnerDownloading(model=model, bytes_done=done, bytes_total=total):
             runner = node.runner
-            files = f"{runner.files_done}/{runner.files_total} files"
+            landing = (
+                f": {runner.file}" if runner.file and runner.files_done < runner.files_total else ""
+            )
+            files = f"{runner.files_done}/{runner.files_total} files{landing}"
             amount = f"{format_bytes(done)} / {format_bytes(total)}"
             return Text(f"downloading {model} {amount}, {files}", style="cyan")
         case RunnerLoading(model=model, layers_loaded=done, layers_total=total):
