@@ -172,40 +172,73 @@ def check_shard_specs(card: ModelCard, specs: Sequence[ShardSpec]) -> None:
                 )
 
 
-def load_shard(path: Path | str, spec: ShardSpec, group: mx.distributed.Group) -> Loading:
+def load_shard(
+    path: Path | str, spec: ShardSpec, group: mx.distributed.Group | None
+) -> Loading:
     """Load this rank's part: `loaded = yield from load_shard(path, spec, group)`.
 
-    Yields one LoadProgress per layer this rank holds (rank = group.rank()); the spec is checked
-    before anything is read, and the returned model generates in lockstep with the other ranks.
+    Yields one LoadProgress per layer this rank holds; the spec is checked before anything is
+    read, and the returned model generates in lockstep with the other ranks. A pipeline rank
+    may load before its ring exists (`group=None`: its weights need nothing from the others),
+    then `join_pipeline(model, group)` once the ring has formed; a tensor rank needs the ring
+    to split its weights.
     """
     path = Path(path)
-    rank, size = group.rank(), group.size()
     card = read_card(path)
-    check_shard_spec(card, spec, size)
-    if spec.rank != rank:
-        raise ShardError(
-            f"The shard spec is for rank {spec.rank} but this process is rank {rank}",
-            "Give each process the spec of its own rank (MLX_RANK)",
-        )
+    if group is None:
+        if spec.strategy != "pipeline":
+            raise ShardError(
+                "A tensor shard splits its weights over the ring: it cannot load before joining",
+                "Join the ring first (load_shard with its group)",
+            )
+        check_shard_spec(card, spec, spec.world_size)
+    else:
+        check_shard_spec(card, spec, group.size())
+        _check_rank(spec, group)
 
     def prepare(model: nn.Module, config: dict[str, Any]) -> Sequence[nn.Module]:
         if spec.strategy == "pipeline":
             return _cut_pipeline(model, card, spec, group)
+        assert group is not None
         return _shard_tensor(model, card, group)
 
     # A pipeline rank needs only its layers' weight files on disk (a per-shard download).
     own = (spec.start_layer, spec.end_layer) if spec.strategy == "pipeline" else None
-    return (yield from load_model(path, prepare=prepare, rank=rank, layer_range=own))
+    return (yield from load_model(path, prepare=prepare, rank=spec.rank, layer_range=own))
+
+
+def join_pipeline(model: nn.Module, group: mx.distributed.Group, spec: ShardSpec) -> None:
+    """Give a pipeline rank loaded without its ring (load_shard with group=None) the ring."""
+    if group.size() != spec.world_size:
+        raise ShardError(
+            f"The shard spec is for a ring of {spec.world_size} ranks but this ring has "
+            f"{group.size()}",
+            "Make the specs for the ring that runs them",
+        )
+    _check_rank(spec, group)
+    for layer in cast(list[nn.Module], _layer_holder(model)["layers"]):
+        hop: _Hop | None = getattr(layer, "_pipeline_hop", None)
+        if hop is not None:
+            hop.group = group
+
+
+def _check_rank(spec: ShardSpec, group: mx.distributed.Group) -> None:
+    if spec.rank != group.rank():
+        raise ShardError(
+            f"The shard spec is for rank {spec.rank} but this process is rank {group.rank()}",
+            "Give each process the spec of its own rank (MLX_RANK)",
+        )
 
 
 # ------------------------------------------------------------------------------------ pipeline
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Hop:
-    """What a rank's first or last layer does around its own computation."""
+    """What a rank's first or last layer does around its own computation; `group` is set
+    when the rank joins its ring (it may load before)."""
 
-    group: mx.distributed.Group
+    group: mx.distributed.Group | None
     receive_from: int | None
     send_to: int | None
     gather: bool
@@ -218,6 +251,10 @@ class _PipelineStage:
 
     def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> Any:
         hop = self._pipeline_hop
+        if hop.group is None:
+            raise ShardError(
+                "This pipeline rank has not joined its ring", "Call join_pipeline after joining"
+            )
         if hop.receive_from is not None:
             # Only the shape and dtype of this rank's own embedding are used.
             x = mx.distributed.recv_like(x, hop.receive_from, group=hop.group)
@@ -317,7 +354,7 @@ def _reindex(holder: nn.Module, card: ModelCard, start: int, end: int, total: in
 
 
 def _cut_pipeline(
-    model: nn.Module, card: ModelCard, spec: ShardSpec, group: mx.distributed.Group
+    model: nn.Module, card: ModelCard, spec: ShardSpec, group: mx.distributed.Group | None
 ) -> Sequence[nn.Module]:
     holder = _layer_holder(model)
     layers = cast(list[nn.Module], holder["layers"])
@@ -331,7 +368,7 @@ def _cut_pipeline(
     owned = layers[spec.start_layer : spec.end_layer]
     # The other layers' lazy weights lose their last reference here and are never read.
     holder.layers = owned
-    rank, size = group.rank(), group.size()
+    rank, size = spec.rank, spec.world_size
     if size > 1:
         first = _Hop(group, rank - 1 if rank > 0 else None, None, gather=False)
         last = _Hop(group, None, rank + 1 if rank < size - 1 else None, gather=True)

@@ -63,6 +63,7 @@ class Served:
 class _Faults:
     cut_after: dict[str, int] = field(default_factory=dict[str, int])
     corrupt: Counter[str] = field(default_factory=Counter[str])
+    held: dict[str, threading.Event] = field(default_factory=dict[str, threading.Event])
 
 
 class HubServer:
@@ -106,6 +107,11 @@ class HubServer:
     def corrupt_next(self, file: str, times: int = 1) -> None:
         """The next `times` GETs of `file` send bytes of the right length but the wrong content."""
         self._faults.corrupt[file] = times
+
+    def hold(self, file: str) -> threading.Event:
+        """GETs of `file` wait (after the headers) until the returned event is set."""
+        release = self._faults.held[file] = threading.Event()
+        return release
 
     def bytes_served(self, file: str | None = None) -> int:
         with self._lock:
@@ -262,6 +268,9 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             if not body:
                 hub._record(Served("HEAD", name, start, 0, 200))
                 return
+            held = hub._faults.held.get(name)
+            if held is not None:
+                held.wait(timeout=120)
             if hub._take_corrupt(name):
                 chunk = bytes(b ^ 0xFF for b in chunk)
             cut = hub._take_cut(name)

@@ -5,13 +5,14 @@
         ...
     await coordinator.stop()
 
-Launching first has the nodes that lack their share of a hub model download it (each node
-fetches only the files of its layers, into its own cache), then reserves a ring port on every
-node of the placement, writes the ring's host list
-(each node at the address the others reach it on), and asks every node to start its ranks; a
-node loads the model from its own store by name. Chats go to every rank (they run in
-lockstep); the answer comes from the node of rank 0. When a node fails or is lost, the others
-are told to stop at once, so no rank is left waiting on the ring.
+Launching has the nodes that lack their share of a hub model download it (each node fetches
+only the files of its layers, into its own cache), reserves a ring port on every node of the
+placement, writes the ring's host list (each node at the address the others reach it on), and
+asks every node to start its ranks as soon as it has its files: a node loads the model from its
+own store by name, a pipeline rank before the ring forms, so the nodes that have their share
+load while the others download. Chats go to every rank (they run in lockstep); the answer comes
+from the node of rank 0. When a node fails or is lost, the others are told to stop at once, so
+no rank is left waiting on the ring.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ Address = Callable[[str], str]  # node id -> the address the ring reaches it on
 RESERVE_TIMEOUT_S = 10.0
 GATHER_S = 0.5  # how long a failure waits for the other nodes' reports
 STOP_TIMEOUT_S = 10.0
+# While some nodes download their share, the others wait for them in the ring's start-up.
+FETCH_JOIN_TIMEOUT_S = 3600.0
 
 
 class ClusterError(EngineError):
@@ -127,6 +130,15 @@ class _Instance:
         return next(n for n, ranks in self.ranks_of.items() if 0 in ranks)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """What every node's launch command shares."""
+
+    instance: _Instance
+    hosts: tuple[str, ...]
+    join_timeout_s: float
+
+
 class Coordinator:
     """Launches, chats with and stops one instance at a time, through the node's sessions."""
 
@@ -178,37 +190,31 @@ class Coordinator:
         fetches: Fetches | None = None,
     ) -> None:
         """Start the ring of `placement`; returns when every node is ready, raises ClusterError
-        (every node stopped) when one fails or is lost. `fetches` (from plan_fetches) are the
-        downloads the nodes make first, each node reporting its progress."""
+        (every node stopped) when one fails or is lost.
+
+        `fetches` (from plan_fetches) are the downloads some nodes make first, each reporting
+        its progress; the other nodes start at once (a pipeline rank loads while its peers
+        download, then waits for them in the ring's start-up)."""
         if self.instance is not None:
             await self.stop()
         instance = _Instance(uuid.uuid4().hex[:12], placement, card)
         for shard in sorted(placement.shards, key=lambda s: s.rank):
             instance.ranks_of.setdefault(shard.node_id, []).append(shard.rank)
         self.instance = instance
+        fetching = set(fetches or {})
+        if fetching:
+            join_timeout_s = max(join_timeout_s, FETCH_JOIN_TIMEOUT_S)
         try:
-            if fetches:
-                await self._fetch(instance, fetches)
-            hosts = await self._reserve(instance)
-            world = len(placement.shards)
+            for node_id, layers in (fetches or {}).items():
+                fetch = FetchShard(instance_id=instance.instance_id, repo_id=card.name,
+                                   layers=layers, total_layers=card.num_layers)  # fmt: skip
+                await self._send(node_id, fetch)
+            hosts = await self._reserve(instance, fetching)
+            launch = _Launch(instance, hosts, join_timeout_s)
             for node_id in instance.ranks_of:
-                shards = [s for s in placement.shards if s.node_id == node_id]
-                specs = tuple(
-                    ShardSpec(strategy=placement.strategy, start_layer=s.start_layer,
-                              end_layer=s.end_layer, rank=s.rank, world_size=world)
-                    for s in shards
-                )  # fmt: skip
-                total = sum(s.num_layers for s in specs)
-                self._on_event(LoadStarted(node_id=node_id, model=card.name, total=total))
-                launch = LaunchRanks(
-                    instance_id=instance.instance_id,
-                    model=card.name,
-                    specs=specs,
-                    hosts=hosts,
-                    join_timeout_s=join_timeout_s,
-                )
-                await self._send(node_id, launch)
-            await self._until_ready(instance)
+                if node_id not in fetching:
+                    await self._launch_node(launch, node_id)
+            await self._until_ready(launch, fetching)
         except ClusterError:
             raise
         except BaseException:
@@ -216,32 +222,37 @@ class Coordinator:
                 await self._fail(instance, "the launch was cancelled")
             raise
 
-    async def _fetch(self, instance: _Instance, fetches: Fetches) -> None:
-        """Every node downloads its share at once; returns when all have it."""
-        card = instance.card
-        for node_id, layers in fetches.items():
-            fetch = FetchShard(
-                instance_id=instance.instance_id,
-                repo_id=card.name,
-                layers=layers,
-                total_layers=card.num_layers,
-            )
-            await self._send(node_id, fetch)
-        pending = set(fetches)
-        while pending:
-            node_id, frame = await self._next(instance)
-            match frame:
-                case FetchProgress():
-                    progress = frame.model_dump(exclude={"type", "instance_id"})
-                    self._on_event(DownloadProgressed(node_id=node_id, model=card.name, **progress))
-                case FetchDone():
-                    pending.discard(node_id)
-                case InstanceFailed(reason=reason):
-                    await self._fail(instance, reason, node_id)
-                case _:
-                    pass
+    async def _launch_node(self, launch: _Launch, node_id: str) -> None:
+        """Ask `node_id` to start its ranks of the ring (it loads them from its own store)."""
+        instance = launch.instance
+        placement = instance.placement
+        world = len(placement.shards)
+        specs = tuple(
+            ShardSpec(strategy=placement.strategy, start_layer=s.start_layer,
+                      end_layer=s.end_layer, rank=s.rank, world_size=world)
+            for s in placement.shards if s.node_id == node_id
+        )  # fmt: skip
+        total = sum(s.num_layers for s in specs)
+        self._on_event(LoadStarted(node_id=node_id, model=instance.card.name, total=total))
+        frame = LaunchRanks(
+            instance_id=instance.instance_id,
+            model=instance.card.name,
+            specs=specs,
+            hosts=launch.hosts,
+            join_timeout_s=launch.join_timeout_s,
+        )
+        await self._send(node_id, frame)
 
-    async def _reserve(self, instance: _Instance) -> tuple[str, ...]:
+    def _fetch_report(self, instance: _Instance, node_id: str, frame: InstanceReport) -> bool:
+        """Fold a node's download report into events; True when it says the node is done."""
+        if isinstance(frame, FetchProgress):
+            progress = frame.model_dump(exclude={"type", "instance_id"})
+            self._on_event(
+                DownloadProgressed(node_id=node_id, model=instance.card.name, **progress)
+            )
+        return isinstance(frame, FetchDone)
+
+    async def _reserve(self, instance: _Instance, fetching: set[str]) -> tuple[str, ...]:
         for node_id, ranks in instance.ranks_of.items():
             await self._send(
                 node_id, ReservePorts(instance_id=instance.instance_id, count=len(ranks))
@@ -256,7 +267,8 @@ class Coordinator:
                     case InstanceFailed(reason=reason):
                         await self._fail(instance, reason, node_id)
                     case _:
-                        pass
+                        if self._fetch_report(instance, node_id, frame):
+                            fetching.discard(node_id)
         missing = [n for n in instance.ranks_of if n not in ports]
         if missing:
             await self._fail(
@@ -270,7 +282,8 @@ class Coordinator:
                 hosts[rank] = f"{self._address(node_id)}:{port}"
         return tuple(hosts[rank] for rank in range(len(hosts)))
 
-    async def _until_ready(self, instance: _Instance) -> None:
+    async def _until_ready(self, launch: _Launch, fetching: set[str]) -> None:
+        instance = launch.instance
         ready: set[str] = set()
         while len(ready) < len(instance.ranks_of):
             node_id, frame = await self._next(instance)
@@ -290,7 +303,9 @@ class Coordinator:
                 case InstanceFailed(reason=reason):
                     await self._fail(instance, reason, node_id)
                 case _:
-                    pass
+                    if self._fetch_report(instance, node_id, frame) and node_id in fetching:
+                        fetching.discard(node_id)
+                        await self._launch_node(launch, node_id)
 
     # ------------------------------------------------------------------ chat
 

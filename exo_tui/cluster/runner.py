@@ -173,10 +173,13 @@ def join_ring(outbox: Outbox, timeout_s: float) -> mx.distributed.Group:
         faulthandler.cancel_dump_traceback_later()
 
 
-def load(outbox: Outbox, command: LoadCommand, group: mx.distributed.Group) -> LoadedModel:
+def load(
+    outbox: Outbox, command: LoadCommand, group: mx.distributed.Group | None
+) -> tuple[LoadedModel, float]:
+    """This rank's shard with per-layer progress (before the ring exists when `group` is None:
+    a pipeline rank), and how long it took."""
     import mlx.core as mx
 
-    from engine import blas
     from engine.parallel import load_shard
 
     started = time.perf_counter()
@@ -190,17 +193,24 @@ def load(outbox: Outbox, command: LoadCommand, group: mx.distributed.Group) -> L
             break
     gc.collect()
     mx.clear_cache()
+    return loaded, time.perf_counter() - started
+
+
+def ready(outbox: Outbox, rank: int, loaded: LoadedModel, load_seconds: float) -> None:
+    import mlx.core as mx
+
+    from engine import blas
+
     outbox.send(
         RankReady(
-            rank=group.rank(),
+            rank=rank,
             model=loaded.card.name,
-            load_seconds=time.perf_counter() - started,
+            load_seconds=load_seconds,
             blas=blas.describe(),
             weights_bytes=int(mx.get_active_memory()),
             peak_memory_bytes=int(mx.get_peak_memory()),
         )
     )
-    return loaded
 
 
 def chat(
@@ -235,10 +245,23 @@ def serve(outbox: Outbox, inbox: Inbox, rank: int) -> int:
     if not isinstance(first, LoadCommand):
         outbox.send(RankFailed(rank=rank, reason=f"expected a load command, got {first.type}"))
         return 2
-    group = join_ring(outbox, first.join_timeout_s)
+    spec = first.spec
+    if spec.strategy == "pipeline" and spec.world_size > 1:
+        # A pipeline rank's weights need nothing from the ring: load while the other nodes
+        # are still loading or downloading their share, then join.
+        from engine.parallel import join_pipeline
+
+        loaded, seconds = load(outbox, first, None)
+        group = join_ring(outbox, first.join_timeout_s)
+        join_pipeline(loaded.model, group, spec)
+    else:
+        group = join_ring(outbox, first.join_timeout_s)
+        loaded, seconds = None, 0.0
     rank = group.rank()
     outbox.send(RankJoined(rank=rank, world_size=group.size()))
-    loaded = load(outbox, first, group)
+    if loaded is None:
+        loaded, seconds = load(outbox, first, group)
+    ready(outbox, rank, loaded, seconds)  # the ring has formed: chats can come
     while True:
         command = inbox.next()
         match command:

@@ -1,7 +1,8 @@
 """What a runner and its parent say over the pipe: one JSON line per message, one union each way.
 
 Parent -> runner (stdin): a LoadCommand first, then chats, cancels and a shutdown.
-Runner -> parent (stdout): heartbeats all along, joining / joined around the ring's start-up,
+Runner -> parent (stdout): heartbeats all along, joining / joined around the ring's start-up (a
+pipeline rank loads its layers first, so it can load while its peers still download),
 per-layer progress, ready, then chunks (rank 0 only), request errors and idle (every rank, after
 each request). A runner that fails says RankFailed and exits non-zero.
 Events are named Rank* (what one rank says), apart from the runner states of state.py.

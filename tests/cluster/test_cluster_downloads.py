@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -20,7 +21,7 @@ from engine.models import read_card
 from engine.types import DoneChunk, ModelCard
 from exo_tui.cluster.coordinator import ClusterError, plan_fetches
 from exo_tui.cluster.placement import Placement
-from exo_tui.cluster.state import DownloadProgressed, NodeStats
+from exo_tui.cluster.state import DownloadProgressed, LoadProgressed, LoadStarted, NodeStats
 from tests.cluster.node_process import NodeProcess, StartNode
 from tests.cluster.test_coordinator import REQUEST, Coordinating, collect, runner_pids
 from tests.hub_server import HubServer
@@ -108,7 +109,7 @@ async def test_each_node_fetches_only_its_layers_then_the_ring_matches_one_proce
         tasks.cancel_scope.cancel()
 
 
-async def test_one_node_downloads_while_the_other_has_the_model(
+async def test_one_node_loads_while_the_other_downloads_its_share(
     start: StartNode, hub: HubServer, sharded: Path, tmp_path: Path
 ) -> None:
     models = tmp_path / "models"
@@ -117,11 +118,27 @@ async def test_one_node_downloads_while_the_other_has_the_model(
     lacks = start_fetcher(start, hub, tmp_path, "lacks")
     cluster = Coordinating([has, lacks])
     card = hub_card(sharded)
+    # The last file (the head, which every rank needs) waits at the hub until released.
+    release = hub.hold(SHARDS[3])
     async with anyio.create_task_group() as tasks:
         placement = await cluster.start_and_place(tasks, card)
         fetches = plan_fetches(placement, card, stats(cluster))
         assert list(fetches) == [lacks.node_id]
-        await cluster.node.coordinator.launch(placement, card, fetches=fetches)
+        own = shares(placement)[has.node_id]
+
+        def has_loaded() -> bool:
+            return any(isinstance(e, LoadProgressed) and e.node_id == has.node_id
+                       and e.layers_loaded == own[1] - own[0] for e in cluster.events)  # fmt: skip
+
+        async with anyio.create_task_group() as launching:
+            launching.start_soon(
+                partial(cluster.node.coordinator.launch, placement, card, fetches=fetches)
+            )
+            # The node that has its files loads all its layers while the other still fetches.
+            await cluster.wait(has_loaded, 30)
+            assert not any(isinstance(e, LoadStarted) and e.node_id == lacks.node_id
+                           for e in cluster.events)  # fmt: skip
+            release.set()
         # The hub served only the fetching node's share, each file once.
         served = sorted(s.file for s in hub.served if s.file.endswith(".safetensors") and s.sent)
         share = shares(placement)[lacks.node_id]

@@ -27,6 +27,7 @@ from engine.parallel import (
     check_shard_spec,
     check_shard_specs,
     even_layer_counts,
+    join_pipeline,
     load_shard,
     pipeline_specs,
     tensor_specs,
@@ -335,6 +336,26 @@ def test_load_shard_refuses_a_bad_spec_before_reading_weights(tiny_llama: Path) 
     with pytest.raises(ShardError, match="past the last layer"):
         next(loading)
     assert mx.get_active_memory() == before
+
+
+def test_a_pipeline_rank_loads_before_its_ring_and_a_tensor_rank_cannot(tiny_llama: Path) -> None:
+    loading = load_shard(tiny_llama, pipeline(0, 2, 0, 2), None)
+    progress = []
+    while True:
+        try:
+            progress.append(next(loading))
+        except StopIteration as done:
+            loaded = done.value
+            break
+    assert [p.layers_loaded for p in progress] == [1, 2]
+    # Hooked for a ring of two, it refuses to run until it has joined one.
+    with pytest.raises(ShardError, match="has not joined its ring"):
+        loaded.model(mx.array([[1, 2, 3]]))
+    with pytest.raises(ShardError, match="ring of 2 ranks but this ring has 1"):
+        join_pipeline(loaded.model, mx.distributed.init(), pipeline(0, 2, 0, 2))
+    tensor = load_shard(tiny_llama, tensor_specs(4, 2)[0], None)
+    with pytest.raises(ShardError, match="cannot load before joining"):
+        next(tensor)
 
 
 def test_even_layer_counts_give_the_first_ranks_the_remainder() -> None:
