@@ -97,7 +97,7 @@ async def test_each_node_downloads_its_share_with_a_bar_then_the_model_loads_and
         await pilot.press(*"shards", "enter")
         await wait_until(pilot, lambda: isinstance(app.screen, DownloadConfirm))
         keys = str(app.screen.query_one("#download-keys", Label).content)
-        assert "each of the 2 nodes downloads only the files of its layers" in keys
+        assert "each of the 2 nodes\ndownloads only the files of its layers" in keys
         await pilot.press("s")
         await wait_until(pilot, lambda: app.card is not None and app.card.name == REPO)
         assert isinstance(app.placement, Placement) and app.placement.world_size == 2

@@ -80,7 +80,7 @@ class DownloadConfirm(ModalScreen[Choice]):
             keys = "[b]Enter[/] downloads it all here · [b]Esc[/] cancels"
             if self._node_count > 1:
                 keys += (
-                    f"\n[b]S[/] chooses it: at launch each of the {self._node_count} nodes "
+                    f"\n[b]S[/] chooses it: at launch each of the {self._node_count} nodes\n"
                     "downloads only the files of its layers"
                 )
             yield Label(keys, id="download-keys")
