@@ -262,6 +262,8 @@ class ExoTuiApp(App[None]):
         """Fold one event into the state and redraw what depends on it."""
         self.state = apply(self.state, event)
         self._refresh_placement()
+        if not self.query(NodesPanel):  # shutting down: a timer's event after the panels went
+            return
         self.query_one(NodesPanel).show(self.state)
         self._show_launch()
 

@@ -42,6 +42,7 @@ from exo_tui.cluster.protocol import (
     InstanceFailed,
     InstanceReport,
     InstanceStopped,
+    JoinRing,
     LaunchRanks,
     PortsReserved,
     RanksProgress,
@@ -67,8 +68,6 @@ Address = Callable[[str], str]  # node id -> the address the ring reaches it on
 RESERVE_TIMEOUT_S = 10.0
 GATHER_S = 0.5  # how long a failure waits for the other nodes' reports
 STOP_TIMEOUT_S = 10.0
-# While some nodes download their share, the others wait for them in the ring's start-up.
-FETCH_JOIN_TIMEOUT_S = 3600.0
 
 
 class ClusterError(EngineError):
@@ -137,6 +136,7 @@ class _Launch:
     instance: _Instance
     hosts: tuple[str, ...]
     join_timeout_s: float
+    wait_to_join: bool
 
 
 class Coordinator:
@@ -194,7 +194,7 @@ class Coordinator:
 
         `fetches` (from plan_fetches) are the downloads some nodes make first, each reporting
         its progress; the other nodes start at once (a pipeline rank loads while its peers
-        download, then waits for them in the ring's start-up)."""
+        download), and every rank joins the ring once every node has its files."""
         if self.instance is not None:
             await self.stop()
         instance = _Instance(uuid.uuid4().hex[:12], placement, card)
@@ -202,18 +202,19 @@ class Coordinator:
             instance.ranks_of.setdefault(shard.node_id, []).append(shard.rank)
         self.instance = instance
         fetching = set(fetches or {})
-        if fetching:
-            join_timeout_s = max(join_timeout_s, FETCH_JOIN_TIMEOUT_S)
         try:
             for node_id, layers in (fetches or {}).items():
                 fetch = FetchShard(instance_id=instance.instance_id, repo_id=card.name,
                                    layers=layers, total_layers=card.num_layers)  # fmt: skip
                 await self._send(node_id, fetch)
             hosts = await self._reserve(instance, fetching)
-            launch = _Launch(instance, hosts, join_timeout_s)
+            # While some nodes download, the others load and wait to join the ring.
+            launch = _Launch(instance, hosts, join_timeout_s, wait_to_join=bool(fetching))
             for node_id in instance.ranks_of:
                 if node_id not in fetching:
                     await self._launch_node(launch, node_id)
+            if launch.wait_to_join and not fetching:  # every download ended during _reserve
+                await self._join_all(launch)
             await self._until_ready(launch, fetching)
         except ClusterError:
             raise
@@ -240,8 +241,14 @@ class Coordinator:
             specs=specs,
             hosts=launch.hosts,
             join_timeout_s=launch.join_timeout_s,
+            wait_to_join=launch.wait_to_join,
         )
         await self._send(node_id, frame)
+
+    async def _join_all(self, launch: _Launch) -> None:
+        """Every node has its files: the ranks waiting to join the ring may."""
+        for node_id in launch.instance.ranks_of:
+            await self._send(node_id, JoinRing(instance_id=launch.instance.instance_id))
 
     def _fetch_report(self, instance: _Instance, node_id: str, frame: InstanceReport) -> bool:
         """Fold a node's download report into events; True when it says the node is done."""
@@ -306,6 +313,8 @@ class Coordinator:
                     if self._fetch_report(instance, node_id, frame) and node_id in fetching:
                         fetching.discard(node_id)
                         await self._launch_node(launch, node_id)
+                        if not fetching:
+                            await self._join_all(launch)
 
     # ------------------------------------------------------------------ chat
 

@@ -37,6 +37,7 @@ from exo_tui.cluster.protocol import (
     HostCommand,
     InstanceFailed,
     InstanceStopped,
+    JoinRing,
     LaunchRanks,
     PortsReserved,
     RanksProgress,
@@ -60,6 +61,7 @@ class _Hosted:
     coordinator: str
     ring: LocalRing | None = None
     fetching: threading.Event | None = None  # set: stop the download
+    join: bool = False  # JoinRing came (perhaps before the ring was made)
     cancels: dict[int, threading.Event] = field(default_factory=lambda: {})
     stopped: bool = False
 
@@ -118,6 +120,12 @@ class RankHost:
                 )
             case LaunchRanks():
                 self._tasks.start_soon(self._guarded, coordinator, frame, self._launch)
+            case JoinRing(instance_id=iid):
+                hosted = self._hosted.get(iid)
+                if hosted is not None:
+                    hosted.join = True
+                    if hosted.ring is not None:
+                        self._tasks.start_soon(anyio.to_thread.run_sync, hosted.ring.join)
             case ChatFrame():
                 self._tasks.start_soon(self._guarded, coordinator, frame, self._chat)
             case CancelChat(instance_id=iid, request_id=rid):
@@ -209,8 +217,14 @@ class RankHost:
             return
         try:
             ring = LocalRing(
-                card, frame.specs, hosts=frame.hosts, join_timeout=frame.join_timeout_s
+                card,
+                frame.specs,
+                hosts=frame.hosts,
+                join_timeout=frame.join_timeout_s,
+                wait_to_join=frame.wait_to_join,
             )
+            if hosted.join:
+                ring.join()  # the word came while the model was being found
         except (ValueError, EngineError) as error:
             await self._failed(hosted, f"node {self.node_name} cannot run those ranks: {error}")
             return

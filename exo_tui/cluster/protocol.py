@@ -178,6 +178,15 @@ class LaunchRanks(Frozen):
     specs: tuple[ShardSpec, ...] = Field(min_length=1)
     hosts: tuple[str, ...] = Field(min_length=1)
     join_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    # Load, then join the ring only on JoinRing: other nodes still download their share.
+    wait_to_join: bool = False
+
+
+class JoinRing(Frozen):
+    """Coordinator -> node: every node has its files; the ranks told to wait may join."""
+
+    type: Literal["join_ring"] = "join_ring"
+    instance_id: str
 
 
 class RanksProgress(Frozen):
@@ -246,7 +255,9 @@ class InstanceStopped(Frozen):
 
 
 # What a coordinator tells the nodes of an instance, and what they report back.
-HostCommand = FetchShard | ReservePorts | LaunchRanks | ChatFrame | CancelChat | StopInstance
+HostCommand = (
+    FetchShard | ReservePorts | LaunchRanks | JoinRing | ChatFrame | CancelChat | StopInstance
+)  # fmt: skip
 InstanceReport = (
     FetchProgress | FetchDone | PortsReserved | RanksProgress | RanksReady | InstanceFailed
     | ChunkFrame | ChatFinished | InstanceStopped

@@ -59,6 +59,7 @@ from engine.types import (
 from exo_tui.cluster.runner_messages import (
     CancelCommand,
     ChatCommand,
+    JoinCommand,
     LoadCommand,
     RankChunk,
     RankFailed,
@@ -165,6 +166,7 @@ class LocalRing:
         silence_timeout: float = 10.0,
         join_timeout: float = 60.0,
         hosts: Sequence[str] | None = None,
+        wait_to_join: bool = False,
     ) -> None:
         if hosts is None:
             check_shard_specs(card, specs)  # before anything starts
@@ -176,6 +178,12 @@ class LocalRing:
         self.start_timeout = start_timeout
         self.silence_timeout = silence_timeout
         self.join_timeout = join_timeout
+        # The ranks load (pipeline) and then wait for join(): peers elsewhere still download.
+        self.wait_to_join = wait_to_join
+        self._join = threading.Event()
+        self._joined: set[int] = set()  # indices of ranks told to join
+        self._join_lock = threading.Lock()
+        self._loads_sent = False
         self.ready: list[RankReady] = []
         self._ranks: list[_Rank] = []
         self._events: queue.Queue[_Item] = queue.Queue()
@@ -213,11 +221,18 @@ class LocalRing:
         try:
             for spec in self.specs:
                 self._ranks.append(self._launch(spec.rank, hostfile))
-            for rank, spec in zip(self._ranks, self.specs, strict=True):
-                command = LoadCommand(
-                    model_path=self.card.path, spec=spec, join_timeout_s=self.join_timeout
-                )
-                self._send(rank, command)
+            with self._join_lock:  # a join() meanwhile waits, so no join precedes a load
+                for rank, spec in zip(self._ranks, self.specs, strict=True):
+                    command = LoadCommand(
+                        model_path=self.card.path,
+                        spec=spec,
+                        join_timeout_s=self.join_timeout,
+                        wait_to_join=self.wait_to_join,
+                    )
+                    self._send(rank, command)
+                self._loads_sent = True
+            if self._join.is_set():
+                self.join()
             ready: dict[int, RankReady] = {}
             while len(ready) < self.world_size:
                 for rank, event in self._pump():
@@ -235,6 +250,20 @@ class LocalRing:
             raise
         self.ready = [ready[index] for index in range(self.world_size)]
         return self.ready
+
+    def join(self) -> None:
+        """Let ranks started with `wait_to_join` join the ring (from any thread, before or
+        while load() runs); load() returns once they have joined and loaded."""
+        self._join.set()
+        if not self.wait_to_join:
+            return
+        with self._join_lock:
+            if not self._loads_sent:
+                return  # load() sends the joins right after the loads
+            for rank in self._ranks:
+                if rank.index not in self._joined:
+                    self._joined.add(rank.index)
+                    self._send(rank, JoinCommand())
 
     def chat(self, request: ChatRequest, cancel: CancelToken | None = None) -> Generator[Chunk]:
         """Run `request` on every rank in lockstep and yield rank 0's chunks; the last is a

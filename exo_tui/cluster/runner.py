@@ -33,6 +33,7 @@ from engine.types import Frozen
 from exo_tui.cluster.runner_messages import (
     CancelCommand,
     ChatCommand,
+    JoinCommand,
     LoadCommand,
     RankChunk,
     RankFailed,
@@ -252,9 +253,13 @@ def serve(outbox: Outbox, inbox: Inbox, rank: int) -> int:
         from engine.parallel import join_pipeline
 
         loaded, seconds = load(outbox, first, None)
+        if first.wait_to_join and not wait_for_join(outbox, inbox, rank):
+            return 0
         group = join_ring(outbox, first.join_timeout_s)
         join_pipeline(loaded.model, group, spec)
     else:
+        if first.wait_to_join and not wait_for_join(outbox, inbox, rank):
+            return 0
         group = join_ring(outbox, first.join_timeout_s)
         loaded, seconds = None, 0.0
     rank = group.rank()
@@ -269,10 +274,23 @@ def serve(outbox: Outbox, inbox: Inbox, rank: int) -> int:
                 return 0
             case ChatCommand():
                 chat(outbox, inbox, loaded, group, command)
-            case LoadCommand() | CancelCommand():
+            case LoadCommand() | JoinCommand() | CancelCommand():
                 reason = f"unexpected {command.type} command: this runner has loaded its shard"
                 outbox.send(RankFailed(rank=rank, reason=reason))
                 return 2
+
+
+def wait_for_join(outbox: Outbox, inbox: Inbox, rank: int) -> bool:
+    """Wait (heartbeating, and leaving when the parent goes) for the word to join the ring;
+    False when told to shut down instead."""
+    command = inbox.next()
+    match command:
+        case JoinCommand():
+            return True
+        case None | ShutdownCommand():
+            return False
+        case _:
+            raise RuntimeError(f"expected a join command, got {command.type}")
 
 
 def _claim_stdout() -> TextIO:

@@ -1,6 +1,7 @@
 """What a runner and its parent say over the pipe: one JSON line per message, one union each way.
 
-Parent -> runner (stdin): a LoadCommand first, then chats, cancels and a shutdown.
+Parent -> runner (stdin): a LoadCommand first (and a JoinCommand when it says wait_to_join),
+then chats, cancels and a shutdown.
 Runner -> parent (stdout): heartbeats all along, joining / joined around the ring's start-up (a
 pipeline rank loads its layers first, so it can load while its peers still download),
 per-layer progress, ready, then chunks (rank 0 only), request errors and idle (every rank, after
@@ -28,6 +29,14 @@ class LoadCommand(Frozen):
     spec: ShardSpec
     # The ring's own start-up waits forever for a peer that never connects.
     join_timeout_s: float = 60.0
+    # Join only on a JoinCommand (a pipeline rank loads first): other nodes still download.
+    wait_to_join: bool = False
+
+
+class JoinCommand(Frozen):
+    """Every rank of the ring can start now: join it (after a LoadCommand with wait_to_join)."""
+
+    type: Literal["join"] = "join"
 
 
 class ChatCommand(Frozen):
@@ -48,7 +57,8 @@ class ShutdownCommand(Frozen):
 
 
 RunnerCommand = Annotated[
-    LoadCommand | ChatCommand | CancelCommand | ShutdownCommand, Field(discriminator="type")
+    LoadCommand | JoinCommand | ChatCommand | CancelCommand | ShutdownCommand,
+    Field(discriminator="type"),
 ]
 
 # ---------------------------------------------------------------------- runner -> parent

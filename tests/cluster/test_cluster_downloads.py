@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 
 from engine.generate import generate
@@ -154,6 +155,44 @@ async def test_one_node_loads_while_the_other_downloads_its_share(
         chunks = await collect(cluster.node.coordinator.chat(REQUEST))
         assert isinstance(chunks[-1], DoneChunk), chunks
         await cluster.node.coordinator.stop()
+        tasks.cancel_scope.cancel()
+
+
+async def test_a_node_killed_while_its_ranks_wait_for_the_others_leaves_no_runner(
+    start: StartNode, hub: HubServer, sharded: Path, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(sharded, models / REPO)
+    has = start("has", "--models-dir", str(models), env=hub_env(hub, tmp_path / "has-hf"))
+    lacks = start_fetcher(start, hub, tmp_path, "lacks")
+    cluster = Coordinating([has, lacks])
+    card = hub_card(sharded)
+    release = hub.hold(SHARDS[3])
+    async with anyio.create_task_group() as tasks:
+        placement = await cluster.start_and_place(tasks, card)
+        fetches = plan_fetches(placement, card, stats(cluster))
+        failure: list[ClusterError] = []
+
+        async def launch() -> None:
+            try:
+                await cluster.node.coordinator.launch(placement, card, fetches=fetches)
+            except ClusterError as error:
+                failure.append(error)
+
+        async with anyio.create_task_group() as launching:
+            launching.start_soon(launch)
+            # Loaded, waiting for the word to join (not inside MLX's ring start-up).
+            await cluster.wait(lambda: bool(runner_pids(has)) and any(
+                isinstance(e, LoadProgressed) and e.node_id == has.node_id
+                and e.layers_loaded == e.total for e in cluster.events), 30)  # fmt: skip
+            waiting = [psutil.Process(pid) for pid in runner_pids(has)]
+            has.process.kill()
+            await cluster.wait(lambda: bool(failure), 10)
+            release.set()
+        assert "node has" in str(failure[0])
+        # Its runners notice their node is gone and exit; the other node stops its download.
+        await cluster.wait(lambda: not any(p.is_running() for p in waiting), 10)
+        await cluster.wait(lambda: not runner_pids(lacks), 10)
         tasks.cancel_scope.cancel()
 
 
