@@ -18,11 +18,9 @@ import anyio.to_thread
 
 from engine.errors import EngineError
 from engine.generate import CancelToken
-from engine.models import find_models
 from engine.types import ChatRequest, Chunk, ModelCard, ModelReady
 from exo_tui.cluster.coordinator import plan_fetches
-from exo_tui.cluster.local import local_node_stats
-from exo_tui.cluster.node import ClusterSetup, Node
+from exo_tui.cluster.node import ClusterSetup, machine_node
 from exo_tui.cluster.placement import Placement, place
 from exo_tui.cluster.state import (
     ClusterEvent,
@@ -74,13 +72,10 @@ async def _discover(
         nonlocal state
         state = apply(state, event)
 
-    cards = find_models(models_dirs)
-    me = local_node_stats(identity=setup.identity, cards=cards)
-    node = Node(setup.identity, setup.key, stats=lambda: me, on_event=on_event,
-                options=setup.options, models_dirs=models_dirs)  # fmt: skip
+    node = machine_node(setup, models_dirs, on_event)
     async with anyio.create_task_group() as tasks:
         await tasks.start(node.run)
-        on_event(NodeSeen(stats=me, at=time.time()))
+        on_event(NodeSeen(stats=node.stats(), at=time.time()))
         await anyio.sleep(seconds)
         tasks.cancel_scope.cancel()
     return [n.stats for n in state.online_nodes]
@@ -132,21 +127,8 @@ async def _chat(
         elif isinstance(event, DownloadProgressed):
             out.node_download(event, name or event.node_id)
 
-    cards = find_models(args.models_dir)
-
-    def rescan() -> None:
-        cards[:] = find_models(args.models_dir)
-
-    node = Node(
-        setup.identity,
-        setup.key,
-        stats=lambda: local_node_stats(identity=setup.identity, cards=cards),
-        on_event=on_event,
-        options=setup.options,
-        models_dirs=args.models_dir,
-        on_store_changed=rescan,
-    )
-    me = local_node_stats(identity=setup.identity, cards=cards)
+    node = machine_node(setup, args.models_dir, on_event)
+    me = node.stats()
     code = 1
     async with anyio.create_task_group() as tasks:
         await tasks.start(node.run)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import anyio
 
-from exo_tui.cluster.local import local_node_stats
-from exo_tui.cluster.node import Foreign, Node, NodeOptions
+from exo_tui.cluster.node import ClusterSetup, Foreign, NodeOptions, machine_node
 from exo_tui.cluster.state import ClusterEvent, NodeLost, StatsUpdated
 from exo_tui.store.identity import ClusterKey, NodeIdentity
 
@@ -82,24 +81,9 @@ async def serve(
     models_dirs: list[Path] | None,
     as_json: bool,
 ) -> None:
-    from engine.models import find_models
-
     printer = EventPrinter(as_json)
-    cards = find_models(models_dirs)
-
-    def rescan() -> None:
-        cards[:] = find_models(models_dirs)
-
-    node = Node(
-        identity,
-        key,
-        stats=lambda: local_node_stats(identity=identity, cards=cards),
-        on_event=printer.event,
-        options=options,
-        on_foreign=printer.foreign,
-        models_dirs=models_dirs,
-        on_store_changed=rescan,
-    )
+    setup = ClusterSetup(identity=identity, key=key, options=options)
+    node = machine_node(setup, models_dirs, printer.event, printer.foreign)
     async with anyio.create_task_group() as tasks:
         port = await tasks.start(node.run)
         printer.listening(identity, key, port)

@@ -420,3 +420,31 @@ def _remote(stream: anyio.abc.SocketStream) -> str:
 
 def _first(advert: Advert) -> str:
     return f"{advert.addresses[0]}:{advert.port}" if advert.addresses else f"?:{advert.port}"
+
+
+def machine_node(
+    setup: ClusterSetup,
+    models_dirs: Sequence[Path] | None,
+    on_event: Callable[[ClusterEvent], None],
+    on_foreign: Callable[[Foreign], None] | None = None,
+) -> Node:
+    """This machine as a node outside the TUI: its stats carry the models in its store,
+    scanned again when a download for a peer lands."""
+    from engine.models import find_models
+    from exo_tui.cluster.local import local_node_stats
+
+    cards = find_models(models_dirs)
+
+    def rescan() -> None:
+        cards[:] = find_models(models_dirs)
+
+    return Node(
+        setup.identity,
+        setup.key,
+        stats=lambda: local_node_stats(identity=setup.identity, cards=cards),
+        on_event=on_event,
+        options=setup.options,
+        on_foreign=on_foreign,
+        models_dirs=models_dirs,
+        on_store_changed=rescan,
+    )
