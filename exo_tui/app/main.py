@@ -21,6 +21,7 @@ from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.message import Message as TextualMessage
 from textual.screen import Screen
 from textual.timer import Timer
@@ -262,10 +263,11 @@ class ExoTuiApp(App[None]):
         """Fold one event into the state and redraw what depends on it."""
         self.state = apply(self.state, event)
         self._refresh_placement()
-        if not self.query(NodesPanel):  # shutting down: a timer's event after the panels went
+        try:
+            self.query_one(NodesPanel).show(self.state)
+            self._show_launch()
+        except NoMatches:  # shutting down: a timer's event after the widgets went
             return
-        self.query_one(NodesPanel).show(self.state)
-        self._show_launch()
 
     def _refresh_placement(self) -> None:
         if self.card is None:
