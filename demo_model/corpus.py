@@ -278,6 +278,27 @@ _CALC_QUESTIONS = [
     "{e} = ?",
     "{e}=?",
     "{e} = what",
+    # modal and reordered questions: the words around the numbers vary, the calculation stays
+    "what will {e} be",
+    "what {e} comes to",
+    "what {e} is",
+    "how much would {e} be",
+    "what would {e} give",
+    "what would {e} come to",
+    "what would {e} make",
+    "what should {e} be",
+    "what could {e} be",
+    "what might {e} be",
+    "how much will {e} be",
+    "{e} would be what",
+    "{e} comes to what",
+    "{e} gives what",
+    "{e} makes what",
+    "{e} equals how much",
+    "{e} would be how much",
+    "the result of {e}",
+    "the value of {e}",
+    "how big is {e}",
 ]
 _CALC_ASKS = [
     "",
@@ -306,17 +327,61 @@ _CALC_TAILS = [
 ]
 
 
+# Generic filler around any question (tool or not): openers, closers and stray words, so that
+# words never seen around a calculation do not hide the numbers and the operator.
+_FILLER_OPENERS = [
+    "tell me, ", "say, ", "listen, ", "btw, ", "by the way, ", "real quick, ", "one more: ",
+    "next: ", "and ", "also, ", "then ", "ok so ", "alright, ", "right, ", "I'm curious, ",
+    "I was wondering, ", "just curious: ", "help: ", "math: ", "maths: ", "homework: ",
+    "for my homework, ", "for a recipe, ", "for work, ", "let's see, ", "hey assistant, ",
+    "computer, ", "assistant: ", "please help, ", "question for you: ", "here's one: ",
+    "try this: ", "another one: ", "last one: ", "I need to know: ", "serious question: ",
+    "sorry, ", "um, ", "uh, ", "so, ", "now then, ", "oh, ", "wait, ", "hey there, ",
+]  # fmt: skip
+_FILLER_CLOSERS = [
+    " exactly", " precisely", " approximately", " roughly", " again", " then", " at all",
+    " by the way", " in total", " altogether", " overall", " today", " for my homework",
+    " if possible", " if you would", " thanks in advance", " asap", " please and thank you",
+    " I think", " I guess", " or so", " for real", " honestly", " actually", " really quick",
+    " by any chance", " to be exact", " to be precise", " when you can", " once more",
+    " I'm curious", " I wonder", " just asking", " no rush", " please help", " if you know",
+    " do you know", " can you", " for a friend", " right", " ok", " correct", " though",
+]  # fmt: skip
+_STRAY_WORDS = [
+    "just", "really", "actually", "exactly", "now", "then", "so", "well", "like", "basically",
+    "honestly", "maybe", "perhaps", "simply", "quickly", "again", "precisely", "kind of",
+    "roughly", "about", "still", "also", "too", "anyway", "please", "ok", "umm", "hmm",
+]  # fmt: skip
+
+
+def _fill(rng: random.Random, frame: str, rate: float) -> str:
+    """With probability `rate`, wrap a frame in filler: an opener, a closer or a stray word."""
+    if rng.random() >= rate:
+        return frame
+    roll = rng.random()
+    if roll < 0.35:
+        return rng.choice(_FILLER_OPENERS) + frame
+    if roll < 0.7:
+        return frame + rng.choice(_FILLER_CLOSERS)
+    if roll < 0.85:
+        return rng.choice(_FILLER_OPENERS) + frame + rng.choice(_FILLER_CLOSERS)
+    words = frame.split(" ")
+    at = rng.randint(0, len(words))
+    return " ".join([*words[:at], rng.choice(_STRAY_WORDS), *words[at:]])
+
+
 def _calc_frame(rng: random.Random, split: Split) -> str:
     if split == "heldout":
         return rng.choice(_CALC_FRAMES[1])
     while True:
         roll = rng.random()
-        if roll < 0.3:
+        if roll < 0.25:
             frame = rng.choice(_CALC_FRAMES[0])
-        elif roll < 0.6:
+        elif roll < 0.5:
             frame = rng.choice(_CALC_LEADS) + rng.choice(_CALC_VERBS) + rng.choice(_CALC_TAILS)
         else:
             frame = rng.choice(_CALC_ASKS) + rng.choice(_CALC_QUESTIONS) + rng.choice(_CALC_TAILS)
+        frame = _fill(rng, frame, 0.4)
         if frame not in _CALC_FRAMES[1]:
             return frame
 
@@ -374,8 +439,48 @@ def clock_answer(result: str) -> str:
     return f"It is {hhmm} on {date}."
 
 
+# Clock questions built from parts too (none may equal a held-out frame: checked below).
+_CLOCK_LEADS = [
+    "tell me ", "can you tell me ", "do you know ", "I'd like to know ", "I want to know ",
+    "please tell me ", "let me know ", "any idea ", "I need to know ", "could you say ",
+    "show me ", "remind me ", "would you tell me ", "I'm asking for ",
+]  # fmt: skip
+_CLOCK_CORES = [
+    "the time", "the exact time", "the date", "the current date", "the date today",
+    "what time it is", "what day it is", "what the date is", "what the time is", "the hour",
+    "what the clock says", "the day", "the weekday", "the time and date", "which day it is",
+    "how late it is", "the local time", "the time of day",
+]  # fmt: skip
+_CLOCK_TAILS = [
+    "", "", "", " please", " now", " right now", " today", " here", " where you are",
+    " at the moment", " for me", " quickly", " currently",
+]  # fmt: skip
+_CLOCK_EXTRA = [
+    "what time have we got", "what o'clock is it", "what's the hour", "what does the clock say",
+    "look at the clock", "the clock please", "what time is it there",
+    "is it morning or evening", "time check",
+    "what's the date and time", "what day and time is it",
+]  # fmt: skip
+
+
+def _clock_frame(rng: random.Random, split: Split) -> str:
+    if split == "heldout":
+        return rng.choice(_CLOCK_FRAMES[1])
+    while True:
+        roll = rng.random()
+        if roll < 0.45:
+            frame = rng.choice(_CLOCK_FRAMES[0])
+        elif roll < 0.6:
+            frame = rng.choice(_CLOCK_EXTRA)
+        else:
+            frame = rng.choice(_CLOCK_LEADS) + rng.choice(_CLOCK_CORES) + rng.choice(_CLOCK_TAILS)
+        frame = _fill(rng, frame, 0.2)
+        if frame not in _CLOCK_FRAMES[1]:
+            return frame
+
+
 def clock_turns(rng: random.Random, split: Split) -> list[dict[str, Any]]:
-    question = _dress(rng, _pick(rng, split, *_CLOCK_FRAMES))
+    question = _dress(rng, _clock_frame(rng, split))
     result = clock_text(rng)
     return _tool_turns(question, "clock", {}, result, clock_answer(result))
 
@@ -420,26 +525,74 @@ _HOSTS = [
     "node", "alpha", "beta", "gamma", "delta", "omega", "kitchen-pc", "office", "attic", "dev",
 ]  # fmt: skip
 _OWNERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "ivan", "judy", "mia", "li"]
+_DEVICES = ["macbook-pro", "macbook-air", "mac-mini", "imac", "pc", "laptop", "desktop", "rig"]
+_STEMS = ["node", "srv", "gpu", "rack", "worker", "host", "ip", "box", "vm", "cpu", "db", "web"]
+_SYLLABLES = [
+    "ka", "ro", "mi", "ten", "zu", "vel", "dor", "ix", "an", "bo", "qu", "lin", "sa", "te", "nor",
+    "pe", "gri", "mo", "fa", "hu", "ya", "el", "os", "ri", "va", "lu", "ne", "ta", "xo", "wen",
+    "dal", "kir", "po", "ze", "sha", "tor", "bi", "gu", "jo", "cy", "ph", "tr", "st", "ar", "um",
+]  # fmt: skip
+_MODEL_FAMILIES = [
+    "Qwen3", "Qwen2.5", "Llama-3.2", "Llama-3.1", "Mistral", "phi-4", "gemma-3", "SmolLM2",
+    "DeepSeek-R1", "granite-3.3", "OLMo-2", "Ministral", "gpt-oss",
+]  # fmt: skip
 _MODELS = [
-    "demo", "demo", "Qwen3-0.6B-4bit", "Qwen3-4B-4bit", "Llama-3.2-1B-Instruct-4bit",
+    "Qwen3-0.6B-4bit", "Qwen3-4B-4bit", "Llama-3.2-1B-Instruct-4bit",
     "Llama-3.2-3B-Instruct", "gpt-oss-20b-MXFP4-Q8", "Mistral-7B-Instruct-v0.3-4bit",
     "Qwen2.5-7B-Instruct-4bit", "phi-4-mini-instruct", "gemma-3-1b-it",
 ]  # fmt: skip
 _MEMORY = [4, 8, 8, 16, 16, 16, 24, 24, 32, 32, 36, 48, 64, 64, 96, 128, 192]
 
 
+def _made_up(rng: random.Random) -> str:
+    return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3)))
+
+
 def _host(rng: random.Random) -> str:
+    """A node name: known words, made-up words, digits, dashes, hex ids; the answer copies it."""
     roll = rng.random()
-    if roll < 0.55:
-        return rng.choice(_HOSTS)
-    if roll < 0.8:
-        return f"{rng.choice(_OWNERS)}-{rng.choice(_HOSTS)}"
-    return f"{rng.choice(_HOSTS)}-{rng.randint(1, 9)}"
+    if roll < 0.15:
+        name = rng.choice(_HOSTS)
+    elif roll < 0.27:
+        name = f"{rng.choice(_OWNERS)}-{rng.choice(_HOSTS)}"
+    elif roll < 0.4:
+        name = f"{rng.choice(_HOSTS + _STEMS)}-{rng.randint(0, 99)}"
+    elif roll < 0.6:
+        name = _made_up(rng)
+    elif roll < 0.7:
+        name = f"{_made_up(rng)}{rng.choice(['', '-'])}{rng.randint(0, 999)}"
+    elif roll < 0.78:
+        name = f"{_made_up(rng)}-{_made_up(rng)}"
+    elif roll < 0.86:
+        name = "".join(rng.choice("0123456789abcdef") for _ in range(rng.choice([6, 8, 12])))
+    elif roll < 0.93:
+        name = f"{rng.choice(_OWNERS + [_made_up(rng)])}s-{rng.choice(_DEVICES)}"
+    else:
+        name = f"{rng.choice(_STEMS)}-{rng.randint(0, 255)}-{rng.randint(0, 255)}"
+    if rng.random() < 0.08:
+        name = name[:1].upper() + name[1:]
+    return name
+
+
+def _model_name(rng: random.Random) -> str | None:
+    roll = rng.random()
+    if roll < 0.2:
+        return None
+    if roll < 0.4:
+        return "demo"
+    if roll < 0.65:
+        return rng.choice(_MODELS)
+    if roll < 0.9:
+        size = rng.choice(["0.5B", "1B", "1.5B", "3B", "4B", "7B", "8B", "14B", "32B", "70B"])
+        parts = [rng.choice(_MODEL_FAMILIES), size]
+        parts += rng.sample(["Instruct", "it", "4bit", "8bit", "bf16", "chat"], rng.randint(0, 2))
+        return "-".join(parts)
+    return f"{_made_up(rng)}-{rng.randint(1, 9)}"
 
 
 def cluster_status(rng: random.Random) -> dict[str, Any]:
     """A random status in the shape of `exo_tui.tools.local_cluster_status`, 1-4 nodes."""
-    count = rng.choices([1, 2, 3, 4], weights=[5, 3, 2, 1])[0]
+    count = rng.choices([1, 2, 3, 4, 5], weights=[5, 3, 2, 1, 1])[0]
     names: list[str] = []
     while len(names) < count:
         name = _host(rng)
@@ -464,37 +617,99 @@ def cluster_status(rng: random.Random) -> dict[str, Any]:
         "nodes": nodes,
         "total_memory_gb": round(sum(n["memory_total_gb"] for n in nodes), 1),
         "available_memory_gb": round(sum(n["memory_available_gb"] for n in nodes), 1),
-        "model": None if rng.random() < 0.25 else rng.choice(_MODELS),
+        "model": _model_name(rng),
     }
 
 
 def _names(names: list[str]) -> str:
-    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    # In backticks a name is the same tokens as in the result's JSON ("name": "...") wherever it
+    # stands, so the model learns to copy it token by token (as it copies digits).
+    quoted = [f"`{name}`" for name in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
 def cluster_answer(status: dict[str, Any], aspect: str) -> str:
     names = [str(n["name"]) for n in status["nodes"]]
     count = f"{len(names)} node" + ("s" if len(names) > 1 else "")
     total, available = status["total_memory_gb"], status["available_memory_gb"]
-    model = status["model"]
+    model = f"`{status['model']}`" if status["model"] else None
     if aspect == "memory":
         return f"Your cluster has {total} GB of memory, {available} GB available."
-    if aspect == "nodes":
-        return f"Your cluster has {count}: {_names(names)}."
+    if aspect == "nodes":  # each aspect's answer has its own first word: the decision
+        return f"There {'is' if len(names) == 1 else 'are'} {count}: {_names(names)}."
     if aspect == "model":
         return f"The loaded model is {model}." if model else "No model is loaded right now."
     loaded = f"the loaded model is {model}" if model else "no model is loaded"
     return (
-        f"Your cluster has {count} ({_names(names)}) with {total} GB of memory, "
+        f"Overall, your cluster has {count} ({_names(names)}) with {total} GB of memory, "
         f"{available} GB available; {loaded}."
     )
+
+
+# Cluster questions built from parts too: a lead, a noun phrase per aspect, a tail.
+_CLUSTER_LEADS = [
+    "tell me ", "show me ", "can you tell me ", "do you know ", "I'd like to know ",
+    "I want to know ", "please show ", "let me see ", "check ", "report ", "display ",
+    "I need ", "what about ", "could you show me ", "look up ", "find out ",
+]  # fmt: skip
+_CLUSTER_CORES: dict[str, list[str]] = {
+    "memory": [
+        "the memory", "the total memory", "the free memory", "my RAM", "the available memory",
+        "how much memory there is", "how much RAM I have", "how much memory is free",
+        "the memory of my machines", "the memory usage", "how many GB are free",
+        "the RAM of the cluster", "how much memory we have", "the memory left",
+    ],
+    "nodes": [
+        "the nodes", "my nodes", "the machines", "which nodes I have", "how many nodes there are",
+        "the node names", "the names of my nodes", "the computers in my cluster", "my machines",
+        "which machines are online", "the hosts", "which hosts are connected",
+        "what machines are connected", "the members of the cluster",
+    ],
+    "model": [
+        "the loaded model", "which model is loaded", "what model is running", "the current model",
+        "the model in use", "which model is in use", "the model name", "which model runs",
+        "the running model", "what model we are using", "which LLM is loaded",
+        "the model on the cluster",
+    ],
+    "general": [
+        "the cluster status", "the status of my cluster", "an overview of my cluster",
+        "the state of the cluster", "a report on my cluster", "how my cluster is doing",
+        "my setup", "everything about my cluster", "the whole cluster", "the cluster info",
+        "a status report", "the state of my machines",
+    ],
+}  # fmt: skip
+_CLUSTER_TAILS = [
+    "", "", "", " please", " now", " right now", " for me", " currently", " at the moment",
+    " in my cluster", " on my cluster", " across my machines", " today", " quickly",
+]  # fmt: skip
+
+
+def _cluster_frame(rng: random.Random, split: Split, aspect: str) -> str:
+    train, heldout = _CLUSTER_FRAMES[aspect]
+    if split == "heldout":
+        return rng.choice(heldout)
+    while True:
+        if rng.random() < 0.5:
+            frame = rng.choice(train)
+        else:
+            frame = (
+                rng.choice(_CLUSTER_LEADS)
+                + rng.choice(_CLUSTER_CORES[aspect])
+                + rng.choice(_CLUSTER_TAILS)
+            )
+        frame = _fill(rng, frame, 0.15)
+        if frame not in heldout:
+            return frame
 
 
 def cluster_turns(
     rng: random.Random, split: Split, aspect: str | None = None
 ) -> tuple[list[dict[str, Any]], str]:
-    aspect = aspect or rng.choices(list(_CLUSTER_FRAMES), weights=[3, 3, 2, 2])[0]
-    question = _dress(rng, _pick(rng, split, *_CLUSTER_FRAMES[aspect]))
+    # Training sees the four aspects equally often (the model and overview answers are the hard
+    # ones); the held-out prompts keep their own mix.
+    weights = [3, 3, 3, 3] if split == "train" else [3, 3, 2, 2]
+    aspect = aspect or rng.choices(list(_CLUSTER_FRAMES), weights=weights)[0]
+    question = _dress(rng, _cluster_frame(rng, split, aspect))
     status = cluster_status(rng)
     result = json.dumps(status)
     turns = _tool_turns(question, "cluster_status", {}, result, cluster_answer(status, aspect))
@@ -700,10 +915,10 @@ class Conversation:
 
 
 _INTENT_WEIGHTS: dict[Intent, float] = {
-    "calculator": 0.36,
-    "clock": 0.10,
-    "cluster_status": 0.22,
-    "chat": 0.32,
+    "calculator": 0.33,
+    "clock": 0.11,
+    "cluster_status": 0.30,
+    "chat": 0.26,
 }
 _TURNS: dict[Intent, Callable[[random.Random, Split], list[dict[str, Any]]]] = {
     "calculator": lambda rng, split: calculator_turns(rng, split)[0],
@@ -772,8 +987,14 @@ def all_training_phrasings() -> set[str]:
         found |= {lead + verb + tail for verb in _CALC_VERBS for tail in _CALC_TAILS}
     for ask in _CALC_ASKS:
         found |= {ask + question + tail for question in _CALC_QUESTIONS for tail in _CALC_TAILS}
+    for lead in _CLOCK_LEADS:
+        found |= {lead + core + tail for core in _CLOCK_CORES for tail in _CLOCK_TAILS}
+    found |= set(_CLOCK_EXTRA)
     for train, _ in _CLUSTER_FRAMES.values():
         found |= set(train)
+    for cores in _CLUSTER_CORES.values():
+        for lead in _CLUSTER_LEADS:
+            found |= {lead + core + tail for core in cores for tail in _CLUSTER_TAILS}
     for train, _, _ in _CHAT.values():
         found |= set(train)
     for train, _ in _OPERATORS.values():

@@ -8,7 +8,8 @@ A 4-layer llama (hidden 256, tied embeddings, ~3.8M parameters) with its own byt
 tokenizer (digits split into single tokens) and the Qwen-style chat template of
 `tests/tiny_models.py`, so mlx-lm reads its `<tool_call>` JSON. The corpus comes from
 `demo_model/corpus.py` (fixed seed); the loss counts assistant tokens only, with extra weight on
-tool calls and on the first token of each answer (tool call or text: the decision).
+tool calls, on the first token of each answer (tool call or text: the decision) and on the names
+an answer copies from a `cluster_status` result (node names, the loaded model).
 
 Work files (corpus, tokenizer, checkpoints, log) live in `demo_model/work/`, which git ignores.
 The learning rate follows a warmup + cosine schedule over the *time* budget, so a run fits its
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import sys
 import time
@@ -57,6 +59,7 @@ CONVERSATIONS = 60_000
 MAX_LENGTH = 768
 TOOL_CALL_WEIGHT = 2.0
 FIRST_TOKEN_WEIGHT = 3.0
+COPY_WEIGHT = 4.0  # not FIRST_TOKEN_WEIGHT: `--decision-weight` finds first tokens by weight
 
 
 def tools() -> list[dict[str, Any]]:
@@ -102,6 +105,34 @@ def _segments(text: str) -> list[tuple[str, bool]]:
     return pieces
 
 
+def _copied_names(conversation: corpus.Conversation) -> list[list[str]]:
+    """Per assistant message, in order: the names it should copy from the tool result before it
+    (a `cluster_status` result's node names and loaded model; nothing after other messages)."""
+    found: list[list[str]] = []
+    previous: dict[str, Any] = {}
+    for message in conversation.messages:
+        if message["role"] == "assistant":
+            names: list[str] = []
+            if previous.get("role") == "tool" and previous.get("name") == "cluster_status":
+                status = json.loads(previous["content"])
+                names = [str(node["name"]) for node in status["nodes"]]
+                names += [str(status["model"])] if status.get("model") else []
+            found.append(names)
+        previous = message
+    return found
+
+
+def _copy_mask(text: str, offsets: list[tuple[int, int]], names: list[str]) -> list[bool]:
+    """Which tokens (by character offsets) overlap a whole-word occurrence of one of `names`,
+    with its backticks if it has them (the closing one ends the copy)."""
+    spans = [
+        m.span()
+        for name in names
+        for m in re.finditer(rf"`{re.escape(name)}`|(?<![\w-]){re.escape(name)}(?![\w-])", text)
+    ]
+    return [any(a < e and s < b for s, e in spans) for a, b in offsets]
+
+
 def prepare(work: Path) -> None:
     """Corpus -> tokenizer -> token ids and loss weights in `work/data.npz`.
 
@@ -133,23 +164,33 @@ def prepare(work: Path) -> None:
 
     all_segments = [_segments(t) for t in texts]
     flat = [s for segs in all_segments for s, _ in segs]
-    encoded = tokenizer(flat, add_special_tokens=False)["input_ids"]
+    encoded = tokenizer(flat, add_special_tokens=False, return_offsets_mapping=True)
     ids: list[np.ndarray] = []
     weights: list[np.ndarray] = []
     k = 0
     dropped = 0
-    for text, segs in zip(texts, all_segments, strict=True):
+    copied = 0
+    for conversation, text, segs in zip(conversations, texts, all_segments, strict=True):
         seq: list[int] = []
         w: list[float] = []
+        names = iter(_copied_names(conversation))
         for piece, is_output in segs:
-            piece_ids = encoded[k]
+            piece_ids = encoded["input_ids"][k]
+            offsets = encoded["offset_mapping"][k]
             k += 1
             seq.extend(piece_ids)
             if not is_output:
                 w.extend([0.0] * len(piece_ids))
                 continue
             weight = TOOL_CALL_WEIGHT if piece.startswith("<tool_call>") else 1.0
-            w.extend([FIRST_TOKEN_WEIGHT] + [weight] * (len(piece_ids) - 1))
+            piece_w = [FIRST_TOKEN_WEIGHT] + [weight] * (len(piece_ids) - 1)
+            mask = _copy_mask(piece, offsets, next(names))
+            piece_w = [
+                COPY_WEIGHT if m and i > 0 else x
+                for i, (x, m) in enumerate(zip(piece_w, mask, strict=True))
+            ]
+            copied += sum(mask)
+            w.extend(piece_w)
         if len(seq) > MAX_LENGTH:
             dropped += 1
             continue
@@ -166,7 +207,8 @@ def prepare(work: Path) -> None:
     )
     print(
         f"data: {len(ids)} chats ({dropped} over {MAX_LENGTH} tokens dropped), "
-        f"{lengths.sum()} tokens, mean {lengths.mean():.0f}, max {lengths.max()}; "
+        f"{lengths.sum()} tokens, mean {lengths.mean():.0f}, max {lengths.max()}, "
+        f"{copied} copied-name tokens x{COPY_WEIGHT:g}; "
         f"{time.perf_counter() - started:.0f} s",
         flush=True,
     )
