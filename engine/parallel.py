@@ -172,9 +172,7 @@ def check_shard_specs(card: ModelCard, specs: Sequence[ShardSpec]) -> None:
                 )
 
 
-def load_shard(
-    path: Path | str, spec: ShardSpec, group: mx.distributed.Group | None
-) -> Loading:
+def load_shard(path: Path | str, spec: ShardSpec, group: mx.distributed.Group | None) -> Loading:
     """Load this rank's part: `loaded = yield from load_shard(path, spec, group)`.
 
     Yields one LoadProgress per layer this rank holds; the spec is checked before anything is
