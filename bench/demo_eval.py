@@ -13,6 +13,10 @@ For each held-out prompt, greedy, with the built-in tools offered:
   cluster_status: the total memory, a node name or the model, depending on the question);
 - decode tok/s: median over generations of at least 8 tokens.
 Targets: right tool >= 90 %, valid arguments >= 98 %, answer uses result >= 90 %.
+
+`cluster_status` reports this machine's memory, but its node under a name never used in
+training (a different one per prompt, from HELDOUT_NODE_NAMES), so the figures do not depend
+on the machine's hostname; `--live-name` keeps the hostname instead.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from engine.types import (  # noqa: E402
 from exo_tui.tools import BUILTIN_TOOLS, builtin_registry, local_cluster_status  # noqa: E402
 
 TARGETS = {"right_tool": 0.90, "valid_arguments": 0.98, "answer_uses_result": 0.90}
+# Node names the corpus never generates (it knows "vm", "studio", made-up syllables ...).
+HELDOUT_NODE_NAMES = ("zephyr-42", "quokka", "tundra-box", "orion-7", "kestrel")
 _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "string": str,
     "number": (int, float),
@@ -108,8 +114,19 @@ def expected_in_answer(prompt: EvalPrompt, call: ToolCallChunk, result: str, ok:
     return str(status["total_memory_gb"])
 
 
-def evaluate(loaded: LoadedModel, prompts: list[EvalPrompt], verbose: bool) -> dict[str, Any]:
-    registry = builtin_registry(lambda: local_cluster_status("demo"))
+def evaluate(
+    loaded: LoadedModel, prompts: list[EvalPrompt], verbose: bool, live_name: bool = False
+) -> dict[str, Any]:
+    asked = 0
+
+    def status() -> dict[str, Any]:
+        found = local_cluster_status("demo")
+        if not live_name:
+            name = HELDOUT_NODE_NAMES[asked % len(HELDOUT_NODE_NAMES)]
+            found["nodes"] = [{**node, "name": name} for node in found["nodes"]]
+        return found
+
+    registry = builtin_registry(status)
     specs: dict[str, ToolSpec] = {t.name: t for t in BUILTIN_TOOLS}
     counts = dict.fromkeys(
         ["tool_prompts", "right_tool", "chat_prompts", "no_needless_tool", "calls", "valid",
@@ -119,6 +136,7 @@ def evaluate(loaded: LoadedModel, prompts: list[EvalPrompt], verbose: bool) -> d
     speeds: list[float] = []
     failures: list[str] = []
     for prompt in prompts:
+        asked += 1
         first = run(loaded, [Message(role="user", content=prompt.prompt)], 96)
         calls: list[ToolCallChunk] = first["calls"]
         done: DoneChunk = first["done"]
@@ -201,10 +219,13 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=200, help="held-out prompts")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     parser.add_argument("--verbose", action="store_true", help="print every failure")
+    parser.add_argument(
+        "--live-name", action="store_true", help="cluster_status names the node by this hostname"
+    )
     args = parser.parse_args()
     loaded = load_model_sync(args.model)
     started = time.perf_counter()
-    figures = evaluate(loaded, heldout_prompts(args.count), args.verbose)
+    figures = evaluate(loaded, heldout_prompts(args.count), args.verbose, args.live_name)
     figures["seconds"] = round(time.perf_counter() - started, 1)
     if args.json:
         print(json.dumps(figures))
