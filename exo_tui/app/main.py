@@ -784,6 +784,10 @@ class ExoTuiApp(App[None]):
         # Quitting mid-answer: let the generation thread stop at its next token.
         self._cancel.set()
         self.workers.cancel_group(self, "load")
+        # The ranks this node runs for an instance stop with the app (the node's own shutdown
+        # runs in a worker that may not get to finish).
+        if self._node is not None and self._node.host is not None:
+            self._node.host.close_now()
 
     # Help and keys
 

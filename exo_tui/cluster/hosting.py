@@ -145,6 +145,20 @@ class RankHost:
         for instance_id in list(self._hosted):
             await self._stop(instance_id, False)
 
+    def close_now(self) -> None:
+        """Stop every runner this node hosts, blocking: for a process that is exiting, whose
+        event loop may run no more tasks (the TUI's, when the app unmounts)."""
+        hosted_now = list(self._hosted.values())
+        self._hosted.clear()
+        for hosted in hosted_now:
+            hosted.stopped = True
+            if hosted.fetching is not None:
+                hosted.fetching.set()
+            for cancel in hosted.cancels.values():
+                cancel.set()
+            if hosted.ring is not None:
+                hosted.ring.close()
+
     # ------------------------------------------------------------------ commands
 
     async def _guarded(
@@ -212,6 +226,8 @@ class RankHost:
         iid = frame.instance_id
         hosted = self._hosted.setdefault(iid, _Hosted(iid, coordinator))
         card = await anyio.to_thread.run_sync(self._card, frame.model)
+        if hosted.stopped:
+            return  # stopped while the model was being found: start nothing
         if card is None:
             await self._failed(hosted, f"node {self.node_name} has no model called {frame.model}")
             return
@@ -246,6 +262,10 @@ class RankHost:
             await self._failed(hosted, f"node {self.node_name}: {error}")
             return
         if hosted.stopped:
+            # Stopped while loading: _stop closed the ring it saw; close it again in case the
+            # stop came before the ring was set (closing twice is harmless).
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(ring.close)
             return
         await self._send(coordinator, RanksReady(instance_id=iid, total=total))
 

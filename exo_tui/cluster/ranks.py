@@ -221,6 +221,9 @@ class LocalRing:
         try:
             for spec in self.specs:
                 self._ranks.append(self._launch(spec.rank, hostfile))
+                if self._closing:  # close() ran meanwhile (another thread) and missed this one
+                    self._kill_all()
+                    raise _Ring("the ring was stopped while its runners started")
             with self._join_lock:  # a join() meanwhile waits, so no join precedes a load
                 for rank, spec in zip(self._ranks, self.specs, strict=True):
                     command = LoadCommand(

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import huggingface_hub.constants as hf_constants
+import psutil
 import pytest
 from textual.widgets import Label
 
@@ -121,3 +122,8 @@ async def test_each_node_downloads_its_share_with_a_bar_then_the_model_loads_and
         await pilot.press(*"Hello there", "enter")
         await wait_until(pilot, lambda: bool(app.query(StatsLine)), timeout=60)
         assert app.query_one(AnswerView).text.strip()
+    # Quitting the app stops the rank it ran for the instance (none left behind).
+    assert not [
+        child for child in psutil.Process().children()  # the peer node runs its own
+        if "exo_tui.cluster.runner" in " ".join(child.cmdline())
+    ]  # fmt: skip
