@@ -65,6 +65,15 @@ class _Hosted:
     cancels: dict[int, threading.Event] = field(default_factory=lambda: {})
     stopped: bool = False
 
+    def halt(self) -> None:
+        """Mark it stopped and stop its download and chats; closing the ring is the caller's
+        (it blocks for up to two seconds)."""
+        self.stopped = True
+        if self.fetching is not None:
+            self.fetching.set()
+        for cancel in self.cancels.values():
+            cancel.set()
+
 
 class RankHost:
     """Runs the ranks coordinators ask this node for, one LocalRing per instance."""
@@ -151,11 +160,7 @@ class RankHost:
         hosted_now = list(self._hosted.values())
         self._hosted.clear()
         for hosted in hosted_now:
-            hosted.stopped = True
-            if hosted.fetching is not None:
-                hosted.fetching.set()
-            for cancel in hosted.cancels.values():
-                cancel.set()
+            hosted.halt()
             if hosted.ring is not None:
                 hosted.ring.close()
 
@@ -312,11 +317,7 @@ class RankHost:
         hosted = self._hosted.pop(instance_id, None)
         if hosted is None:
             return
-        hosted.stopped = True
-        if hosted.fetching is not None:
-            hosted.fetching.set()
-        for cancel in hosted.cancels.values():
-            cancel.set()
+        hosted.halt()
         if hosted.ring is not None:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(hosted.ring.close)
