@@ -47,6 +47,19 @@ def _add_no_mdns(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-mdns", action="store_true", help="only dial the --peer addresses")
 
 
+def _add_discovery(parser: argparse.ArgumentParser, discover_help: str) -> None:
+    """What a command that joins the cluster for a moment (with --cluster) takes."""
+    parser.add_argument(
+        "--discover",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help=f"with --cluster: {discover_help} (default 3)",
+    )
+    _add_node_options(parser)
+    _add_no_mdns(parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="exo-tui",
@@ -102,15 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID,...",
         help="with --cluster: the nodes to use, by id or name, in ring order (default: all)",
     )
-    chat.add_argument(
-        "--discover",
-        type=float,
-        default=3.0,
-        metavar="S",
-        help="with --cluster: seconds to look for nodes before placing (default 3)",
-    )
-    _add_node_options(chat)
-    _add_no_mdns(chat)
+    _add_discovery(chat, "seconds to look for nodes before placing")
     _add_models_dir(chat)
 
     models = commands.add_parser(
@@ -122,15 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="say whether each model fits the cluster's nodes (default: this machine alone)",
     )
-    models.add_argument(
-        "--discover",
-        type=float,
-        default=3.0,
-        metavar="S",
-        help="with --cluster: seconds to look for nodes (default 3)",
-    )
-    _add_node_options(models)
-    _add_no_mdns(models)
+    _add_discovery(models, "seconds to look for nodes")
     _add_models_dir(models)
     models_commands = models.add_subparsers(dest="models_command")
     fetch = models_commands.add_parser(
