@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
+import huggingface_hub.constants as hf_constants
+import pytest
+
 RepoStatus = Literal["ok", "missing", "gated"]
 
 _API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)/revision/(?P<rev>[^/]+)$")
@@ -302,3 +305,18 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(payload)
 
     return Handler
+
+
+def use_hub(
+    monkeypatch: pytest.MonkeyPatch, server: HubServer, hf_home: Path, cache: Path | None = None
+) -> None:
+    """Downloads in this process go to `server`, into `hf_home` (and `cache`, when given: the
+    hub cache). exo_tui.downloads reads these at each call, so setting them here is enough.
+    Small chunks: a tiny file lands in many progress steps and can be cut midway."""
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    if cache is not None:
+        monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 4096)

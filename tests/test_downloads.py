@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from huggingface_hub import constants as hf_constants
 
 from engine.loading import load_model_sync
 from engine.models import find_models, shard_files
@@ -25,7 +24,7 @@ from exo_tui.downloads import (
     RepoNotFoundError,
     download,
 )
-from tests.hub_server import HubServer, git_blob_id
+from tests.hub_server import HubServer, git_blob_id, use_hub
 
 REPO = "mlx-community/tiny-llama-4bit"
 SHARDS = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
@@ -58,15 +57,7 @@ def tiny_sharded(tiny_model_factory: Callable[..., Path]) -> Path:
 def hub(tiny_sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
     with HubServer() as server:
         server.add_repo(REPO, tiny_sharded)
-        # huggingface_hub read HF_ENDPOINT, HF_HUB_CACHE and HF_HUB_OFFLINE when imported;
-        # exo_tui.downloads reads them at each call, so setting them here is enough.
-        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HUGGINGFACE_HUB_CACHE"):
-            monkeypatch.delenv(var, raising=False)
-        # Small chunks, so a tiny file arrives in many progress steps and can be cut midway.
-        monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 4096)
+        use_hub(monkeypatch, server, tmp_path / "hf-home", tmp_path / "hf-cache")
         yield server
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,12 @@ def exo_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("EXO_TUI_HOME", str(home))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     return home
+
+
+@pytest.fixture
+def models_dir(tiny_llama: Path, tmp_path: Path) -> Path:
+    """A models folder holding a copy of the tiny llama."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    shutil.copytree(tiny_llama, folder / "tiny-llama")
+    return folder

@@ -26,14 +26,6 @@ SIZE = (120, 40)
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def models_dir(tiny_llama: Path, tmp_path: Path) -> Path:
-    folder = tmp_path / "models"
-    folder.mkdir()
-    shutil.copytree(tiny_llama, folder / "tiny-llama")
-    return folder
-
-
 def make_app(models_dir: Path, **kwargs: object) -> ExoTuiApp:
     return ExoTuiApp(
         model="tiny-llama",

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import huggingface_hub.constants as hf_constants
 import psutil
 import pytest
 from textual.widgets import Label
@@ -23,7 +22,7 @@ from tests.app.helpers import fixed_stats, wait_until
 from tests.app.test_app_cluster import choose_every_node
 from tests.app.test_app_download import catalogue_entry
 from tests.cluster.node_process import KEY, StartNode
-from tests.hub_server import HubServer
+from tests.hub_server import HubServer, use_hub
 
 pytestmark = pytest.mark.anyio
 
@@ -40,12 +39,7 @@ def sharded(tiny_model_factory) -> Path:  # type: ignore[no-untyped-def]
 def hub(sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
     with HubServer() as server:
         server.add_repo(REPO, sharded)
-        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "app-hf"))
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "app-hf" / "hub"))
-        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
-            monkeypatch.delenv(var, raising=False)
-        monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 4096)
+        use_hub(monkeypatch, server, tmp_path / "app-hf", tmp_path / "app-hf" / "hub")
         yield server
 
 

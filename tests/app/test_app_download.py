@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ from exo_tui.cluster.placement import format_bytes
 from exo_tui.cluster.state import RunnerReady
 from exo_tui.downloads import DownloadProgress
 from tests.app.helpers import fixed_stats, wait_until
-from tests.hub_server import HubServer
+from tests.hub_server import HubServer, use_hub
 
 SIZE = (120, 40)
 REPO = "mlx-community/tiny-llama-test"
@@ -65,24 +64,10 @@ def catalogue_entry(model: Path, repo: str = REPO) -> CatalogueEntry:
 
 
 @pytest.fixture
-def models_dir(tiny_llama: Path, tmp_path: Path) -> Path:
-    folder = tmp_path / "models"
-    folder.mkdir()
-    shutil.copytree(tiny_llama, folder / "tiny-llama")
-    return folder
-
-
-@pytest.fixture
 def hub(tiny_llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
     with HubServer() as server:
         server.add_repo(REPO, tiny_llama)
-        # exo_tui.downloads reads these at each call; HF_HUB_CACHE is per test (conftest).
-        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-        for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN"):
-            monkeypatch.delenv(var, raising=False)
-        # Small chunks: a tiny file lands in many progress steps.
-        monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 4096)
+        use_hub(monkeypatch, server, tmp_path / "hf-home")  # HF_HUB_CACHE: per test (conftest)
         yield server
 
 
