@@ -22,12 +22,12 @@ from tests.app.helpers import fixed_stats, wait_until
 from tests.app.test_app_cluster import choose_every_node
 from tests.app.test_app_download import catalogue_entry
 from tests.cluster.node_process import KEY, StartNode
+from tests.cluster.test_cluster_downloads import files_for
 from tests.hub_server import HubServer, use_hub
 
 pytestmark = pytest.mark.anyio
 
 REPO = "mlx-community/tiny-llama-shards"
-SHARDS = [f"model-{i:05d}-of-00004.safetensors" for i in range(1, 5)]
 
 
 @pytest.fixture
@@ -46,11 +46,6 @@ def hub(sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
 def cached_shards(hf_home: Path) -> set[str]:
     folder = hf_home / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots"
     return {p.name for p in folder.glob("*/*.safetensors")}
-
-
-def files_for(start: int, end: int) -> set[str]:
-    """One layer per file; every rank also needs the first (embeddings) and last (head)."""
-    return {SHARDS[0], SHARDS[3], *(SHARDS[layer] for layer in range(start, end))}
 
 
 async def test_each_node_downloads_its_share_with_a_bar_then_the_model_loads_and_chats(

@@ -8,6 +8,7 @@ process, as in the TUI.
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -63,6 +64,11 @@ def snapshot_files(tmp_path: Path, name: str) -> set[str]:
     return {p.name for p in snapshots.glob("*/*.safetensors")}
 
 
+def files_for(start: int, end: int) -> set[str]:
+    """One layer per file; every rank also needs the first (embeddings) and last (head)."""
+    return {SHARDS[0], SHARDS[3], *(SHARDS[layer] for layer in range(start, end))}
+
+
 def hub_card(sharded: Path) -> ModelCard:
     """What the TUI places for a catalogue model: a hub repo, on no node's disk yet."""
     return read_card(sharded, "hf_cache", name=REPO)
@@ -90,9 +96,7 @@ async def test_each_node_fetches_only_its_layers_then_the_ring_matches_one_proce
         await cluster.node.coordinator.launch(placement, card, fetches=fetches)
         # Each cache holds its layers' files plus the first and last (embeddings, head).
         for node, name in zip(nodes, ("n0", "n1"), strict=True):
-            start, end = ranges[node.node_id]
-            wanted = {SHARDS[0], SHARDS[3], *(SHARDS[layer] for layer in range(start, end))}
-            assert snapshot_files(tmp_path, name) == wanted
+            assert snapshot_files(tmp_path, name) == files_for(*ranges[node.node_id])
         # Every node's download was shown, up to its whole share.
         progress = [e for e in cluster.events if isinstance(e, DownloadProgressed)]
         assert {e.node_id for e in progress} == {n.node_id for n in nodes}
@@ -116,41 +120,44 @@ async def test_each_node_fetches_only_its_layers_then_the_ring_matches_one_proce
         tasks.cancel_scope.cancel()
 
 
-async def test_one_node_loads_while_the_other_downloads_its_share(
+def one_has_one_lacks(
     start: StartNode, hub: HubServer, sharded: Path, tmp_path: Path
-) -> None:
+) -> tuple[NodeProcess, NodeProcess, Coordinating, ModelCard, threading.Event]:
+    """A node with the model on disk and one without; the last file (the head, which every
+    rank needs) waits at the hub until the returned event is set."""
     models = tmp_path / "models"
     shutil.copytree(sharded, models / REPO)
     has = start("has", "--models-dir", str(models), env=hub_env(hub, tmp_path / "has-hf"))
     lacks = start_fetcher(start, hub, tmp_path, "lacks")
-    cluster = Coordinating([has, lacks])
-    card = hub_card(sharded)
-    # The last file (the head, which every rank needs) waits at the hub until released.
-    release = hub.hold(SHARDS[3])
+    return has, lacks, Coordinating([has, lacks]), hub_card(sharded), hub.hold(SHARDS[3])
+
+
+def loaded_all(cluster: Coordinating, node: NodeProcess) -> bool:
+    """Whether `node` reported every layer of its share loaded."""
+    return any(isinstance(e, LoadProgressed) and e.node_id == node.node_id
+               and e.layers_loaded == e.total for e in cluster.events)  # fmt: skip
+
+
+async def test_one_node_loads_while_the_other_downloads_its_share(
+    start: StartNode, hub: HubServer, sharded: Path, tmp_path: Path
+) -> None:
+    has, lacks, cluster, card, release = one_has_one_lacks(start, hub, sharded, tmp_path)
     async with anyio.create_task_group() as tasks:
         placement = await cluster.start_and_place(tasks, card)
         fetches = plan_fetches(placement, card, stats(cluster))
         assert list(fetches) == [lacks.node_id]
-        own = shares(placement)[has.node_id]
-
-        def has_loaded() -> bool:
-            return any(isinstance(e, LoadProgressed) and e.node_id == has.node_id
-                       and e.layers_loaded == own[1] - own[0] for e in cluster.events)  # fmt: skip
-
         async with anyio.create_task_group() as launching:
             launching.start_soon(
                 partial(cluster.node.coordinator.launch, placement, card, fetches=fetches)
             )
             # The node that has its files loads all its layers while the other still fetches.
-            await cluster.wait(has_loaded, 30)
+            await cluster.wait(lambda: loaded_all(cluster, has), 30)
             assert not any(isinstance(e, LoadStarted) and e.node_id == lacks.node_id
                            for e in cluster.events)  # fmt: skip
             release.set()
         # The hub served only the fetching node's share, each file once.
         served = sorted(s.file for s in hub.served if s.file.endswith(".safetensors") and s.sent)
-        share = shares(placement)[lacks.node_id]
-        wanted = {SHARDS[0], SHARDS[3], *(SHARDS[i] for i in range(*share))}
-        assert served == sorted(wanted)
+        assert served == sorted(files_for(*shares(placement)[lacks.node_id]))
         assert not snapshot_files(tmp_path, "has")
         chunks = await collect(cluster.node.coordinator.chat(REQUEST))
         assert isinstance(chunks[-1], DoneChunk), chunks
@@ -161,13 +168,7 @@ async def test_one_node_loads_while_the_other_downloads_its_share(
 async def test_a_node_killed_while_its_ranks_wait_for_the_others_leaves_no_runner(
     start: StartNode, hub: HubServer, sharded: Path, tmp_path: Path
 ) -> None:
-    models = tmp_path / "models"
-    shutil.copytree(sharded, models / REPO)
-    has = start("has", "--models-dir", str(models), env=hub_env(hub, tmp_path / "has-hf"))
-    lacks = start_fetcher(start, hub, tmp_path, "lacks")
-    cluster = Coordinating([has, lacks])
-    card = hub_card(sharded)
-    release = hub.hold(SHARDS[3])
+    has, lacks, cluster, card, release = one_has_one_lacks(start, hub, sharded, tmp_path)
     async with anyio.create_task_group() as tasks:
         placement = await cluster.start_and_place(tasks, card)
         fetches = plan_fetches(placement, card, stats(cluster))
@@ -182,9 +183,7 @@ async def test_a_node_killed_while_its_ranks_wait_for_the_others_leaves_no_runne
         async with anyio.create_task_group() as launching:
             launching.start_soon(launch)
             # Loaded, waiting for the word to join (not inside MLX's ring start-up).
-            await cluster.wait(lambda: bool(runner_pids(has)) and any(
-                isinstance(e, LoadProgressed) and e.node_id == has.node_id
-                and e.layers_loaded == e.total for e in cluster.events), 30)  # fmt: skip
+            await cluster.wait(lambda: bool(runner_pids(has)) and loaded_all(cluster, has), 30)
             waiting = [psutil.Process(pid) for pid in runner_pids(has)]
             has.process.kill()
             await cluster.wait(lambda: bool(failure), 10)
