@@ -20,6 +20,7 @@ from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import ChatPane, PromptInput
 from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.nodes import NodeCard
+from exo_tui.cluster.placement import Placement
 from exo_tui.cluster.state import (
     DownloadProgressed,
     ForeignNode,
@@ -138,18 +139,22 @@ def _peers(app: ExoTuiApp) -> list[str]:
     return ids
 
 
-async def cluster(app: ExoTuiApp, pilot: Pilot[None]) -> None:
-    """Three nodes loading one model across them, each with its own bar."""
+async def _placed_on_three(app: ExoTuiApp, pilot: Pilot[None]) -> tuple[Placement, str]:
+    """The model placed over this node and two peers; the placement and the model's name."""
     await _model_chosen(app, pilot)
     _peers(app)
     app.dispatch(NodesChosen(node_ids=None))
     await wait_until(pilot, lambda: len(app.query(NodeCard)) == 3)
-    assert app.placement is not None and app.card is not None
-    app.dispatch(InstancePlaced(placement=app.placement))  # type: ignore[arg-type]
-    for shard, done in zip(app.placement.shards, (1, 1, 0), strict=True):  # type: ignore[union-attr]
-        app.dispatch(
-            LoadStarted(node_id=shard.node_id, model=app.card.name, total=shard.num_layers)
-        )
+    assert isinstance(app.placement, Placement) and app.card is not None
+    app.dispatch(InstancePlaced(placement=app.placement))
+    return app.placement, app.card.name
+
+
+async def cluster(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """Three nodes loading one model across them, each with its own bar."""
+    placement, model = await _placed_on_three(app, pilot)
+    for shard, done in zip(placement.shards, (1, 1, 0), strict=True):
+        app.dispatch(LoadStarted(node_id=shard.node_id, model=model, total=shard.num_layers))
         app.dispatch(
             LoadProgressed(node_id=shard.node_id, layers_loaded=done, total=shard.num_layers)
         )
@@ -176,19 +181,11 @@ async def nodes(app: ExoTuiApp, pilot: Pilot[None]) -> None:
 
 async def lost(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     """A node of the running model went away: the failure and the way on."""
-    await _model_chosen(app, pilot)
-    peers = _peers(app)
-    app.dispatch(NodesChosen(node_ids=None))
-    await wait_until(pilot, lambda: len(app.query(NodeCard)) == 3)
-    assert app.placement is not None and app.card is not None
-    app.dispatch(InstancePlaced(placement=app.placement))  # type: ignore[arg-type]
-    for shard in app.placement.shards:  # type: ignore[union-attr]
-        app.dispatch(
-            LoadStarted(node_id=shard.node_id, model=app.card.name, total=shard.num_layers)
-        )
-        app.dispatch(
-            LoadFinished(node_id=shard.node_id, model=app.card.name, total=shard.num_layers)
-        )
+    placement, model = await _placed_on_three(app, pilot)
+    for shard in placement.shards:
+        app.dispatch(LoadStarted(node_id=shard.node_id, model=model, total=shard.num_layers))
+        app.dispatch(LoadFinished(node_id=shard.node_id, model=model, total=shard.num_layers))
+    peers = [node_id for node_id in placement.node_ids if node_id != app.local_id]
     app.dispatch(NodeLost(node_id=peers[0], reason="stopped answering (no stats for 3 s)"))
     for node_id in (app.local_id, peers[1]):  # the coordinator stopped the other ranks
         app.dispatch(Unloaded(node_id=node_id))
@@ -221,14 +218,8 @@ async def downloading(app: ExoTuiApp, pilot: Pilot[None]) -> None:
 
 async def fetching(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     """A model placed over three nodes: two fetch their share of its files, one has it."""
-    await _model_chosen(app, pilot)
-    _peers(app)
-    app.dispatch(NodesChosen(node_ids=None))
-    await wait_until(pilot, lambda: len(app.query(NodeCard)) == 3)
-    assert app.placement is not None and app.card is not None
-    app.dispatch(InstancePlaced(placement=app.placement))  # type: ignore[arg-type]
-    model = app.card.name
-    shards = app.placement.shards  # type: ignore[union-attr]
+    placement, model = await _placed_on_three(app, pilot)
+    shards = placement.shards
     progress = ((1_210_000_000, 2_050_000_000, 3), (410_000_000, 1_580_000_000, 1))
     for shard, (done, total, files) in zip(shards[1:], progress, strict=True):
         app.dispatch(
