@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.widgets import SelectionList, Static
@@ -17,9 +18,27 @@ from exo_tui.cluster.placement import Placement
 from exo_tui.cluster.state import RunnerReady
 from exo_tui.store.identity import ClusterKey, load_node_identity
 from tests.app.helpers import fixed_stats, wait_until
-from tests.cluster.node_process import KEY, StartNode
+from tests.cluster.node_process import KEY, NodeProcess, StartNode
 
 pytestmark = pytest.mark.anyio
+
+
+def app_with_peer(peer: NodeProcess, models_dir: Path, **options: Any) -> ExoTuiApp:
+    """The app as a node of the cluster that dials `peer`, with fixed stats under its own node
+    id (peers take stats only under the id their session proved)."""
+    me = load_node_identity()
+    setup = ClusterSetup(
+        identity=me,
+        key=ClusterKey(text=KEY),
+        options=NodeOptions(port=0, mdns=False, peers=(peer.address,)),
+    )
+    return ExoTuiApp(
+        models_dirs=[models_dir],
+        node_stats=lambda models: fixed_stats()(models).model_copy(update={"node_id": me.node_id}),
+        bundled=False,
+        cluster=setup,
+        **options,
+    )
 
 
 async def choose_every_node(pilot) -> None:  # type: ignore[no-untyped-def]
@@ -56,20 +75,7 @@ async def test_a_peer_shows_up_live_can_be_placed_on_and_its_loss_is_shown(
     models = tmp_path / "models"
     shutil.copytree(tiny_llama, models / "tiny-llama")
     peer = start("peer")
-    me = load_node_identity()
-    setup = ClusterSetup(
-        identity=me,
-        key=ClusterKey(text=KEY),
-        options=NodeOptions(port=0, mdns=False, peers=(peer.address,)),
-    )
-    app = ExoTuiApp(
-        model="tiny-llama",
-        models_dirs=[models],
-        # Peers take stats only under the id their session proved.
-        node_stats=lambda models: fixed_stats()(models).model_copy(update={"node_id": me.node_id}),
-        bundled=False,
-        cluster=setup,
-    )
+    app = app_with_peer(peer, models, model="tiny-llama")
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: len(app.query(NodeCard)) == 2, timeout=15)
         names = [n.name for n in app.state.nodes]
@@ -94,19 +100,7 @@ async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_p
     models = tmp_path / "models"
     shutil.copytree(tiny_llama, models / "tiny-llama")
     peer = start("peer", "--models-dir", str(models))
-    me = load_node_identity()
-    setup = ClusterSetup(
-        identity=me,
-        key=ClusterKey(text=KEY),
-        options=NodeOptions(port=0, mdns=False, peers=(peer.address,)),
-    )
-    app = ExoTuiApp(
-        model="tiny-llama",
-        models_dirs=[models],
-        node_stats=lambda models: fixed_stats()(models).model_copy(update={"node_id": me.node_id}),
-        bundled=False,
-        cluster=setup,
-    )
+    app = app_with_peer(peer, models, model="tiny-llama")
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: len(app.state.online_nodes) == 2, timeout=15)
         await wait_until(pilot, lambda: app.card is not None)
@@ -138,13 +132,7 @@ async def test_a_peer_with_another_key_is_shown_as_foreign(
     start: StartNode, tiny_llama: Path, tmp_path: Path
 ) -> None:
     stranger = start("stranger", key="some-other-cluster-key-77")
-    me = load_node_identity()
-    setup = ClusterSetup(
-        identity=me,
-        key=ClusterKey(text=KEY),
-        options=NodeOptions(port=0, mdns=False, peers=(stranger.address,)),
-    )
-    app = ExoTuiApp(models_dirs=[tmp_path], node_stats=fixed_stats(), bundled=False, cluster=setup)
+    app = app_with_peer(stranger, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: bool(app.state.foreign), timeout=15)
         assert app.state.foreign[0].name == "stranger"

@@ -10,19 +10,17 @@ import psutil
 import pytest
 from textual.widgets import Label
 
-from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.download_confirm import DownloadConfirm
 from exo_tui.app.widgets.chat import AnswerView, PromptInput, StatsLine
 from exo_tui.app.widgets.nodes import NodeCard
-from exo_tui.cluster.node import ClusterSetup, NodeOptions
 from exo_tui.cluster.placement import Placement
 from exo_tui.cluster.state import ClusterEvent, DownloadProgressed, RunnerReady
-from exo_tui.store.identity import ClusterKey, load_node_identity
-from tests.app.helpers import fixed_stats, wait_until
-from tests.app.test_app_cluster import choose_every_node
+from exo_tui.store.identity import load_node_identity
+from tests.app.helpers import wait_until
+from tests.app.test_app_cluster import app_with_peer, choose_every_node
 from tests.app.test_app_download import catalogue_entry
-from tests.cluster.node_process import KEY, StartNode
-from tests.cluster.test_cluster_downloads import files_for
+from tests.cluster.node_process import StartNode
+from tests.cluster.test_cluster_downloads import files_for, hub_env
 from tests.hub_server import HubServer, use_hub
 
 pytestmark = pytest.mark.anyio
@@ -53,22 +51,9 @@ async def test_each_node_downloads_its_share_with_a_bar_then_the_model_loads_and
 ) -> None:
     empty = tmp_path / "models"
     empty.mkdir()
-    peer_env = {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "peer-hf"),
-                "HF_HUB_CACHE": str(tmp_path / "peer-hf" / "hub")}  # fmt: skip
-    peer = start("peer", "--models-dir", str(empty), env=peer_env)
+    peer = start("peer", "--models-dir", str(empty), env=hub_env(hub, tmp_path / "peer-hf"))
+    app = app_with_peer(peer, empty, catalogue=[catalogue_entry(sharded, REPO)])
     me = load_node_identity()
-    setup = ClusterSetup(
-        identity=me,
-        key=ClusterKey(text=KEY),
-        options=NodeOptions(port=0, mdns=False, peers=(peer.address,)),
-    )
-    app = ExoTuiApp(
-        models_dirs=[empty],
-        node_stats=lambda models: fixed_stats()(models).model_copy(update={"node_id": me.node_id}),
-        bundled=False,
-        cluster=setup,
-        catalogue=[catalogue_entry(sharded, REPO)],
-    )
     seen: list[ClusterEvent] = []
     dispatch = app.dispatch
 
