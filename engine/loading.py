@@ -145,15 +145,23 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, card=card, config=config, blas=blas_in_use)
 
 
-def load_model_sync(path: Path | str) -> LoadedModel:
-    """Run the loading generator to the end, for callers that need no progress."""
-    loading = load_model(path)
+def run_loading(
+    loading: Loading, on_progress: Callable[[LoadProgress], None] | None = None
+) -> LoadedModel:
+    """Run a loading generator to the end, handing each report to `on_progress`."""
     while True:
         try:
-            next(loading)
+            progress = next(loading)
         except StopIteration as done:
             loaded: LoadedModel = done.value
             return loaded
+        if on_progress is not None:
+            on_progress(progress)
+
+
+def load_model_sync(path: Path | str) -> LoadedModel:
+    """Load a model, for callers that need no progress."""
+    return run_loading(load_model(path))
 
 
 def _leaves(module: nn.Module) -> list[tuple[str, mx.array]]:

@@ -74,7 +74,7 @@ def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
 
 def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     from engine.generate import validate
-    from engine.loading import load_model
+    from engine.loading import load_model, run_loading
     from exo_tui.conversation import chat_turn
     from exo_tui.tools import builtin_registry, local_cluster_status
 
@@ -95,12 +95,7 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
     if args.ranks > 1:
         return run_chat_on_ranks(args, card, request, registry, out)
     started = time.perf_counter()
-    loading = load_model(Path(card.path))
-    try:
-        while True:
-            out.progress(next(loading))
-    except StopIteration as done:
-        loaded = done.value
+    loaded = run_loading(load_model(Path(card.path)), out.progress)
     out.loaded(
         ModelReady(model=card.name, load_seconds=time.perf_counter() - started, blas=loaded.blas)
     )

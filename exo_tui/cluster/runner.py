@@ -181,17 +181,15 @@ def load(
     a pipeline rank), and how long it took."""
     import mlx.core as mx
 
+    from engine.loading import run_loading
     from engine.parallel import load_shard
 
     started = time.perf_counter()
     mx.reset_peak_memory()
-    loading = load_shard(command.model_path, command.spec, group)
-    while True:
-        try:
-            outbox.send(RankLoadProgress(progress=next(loading)))
-        except StopIteration as done:
-            loaded: LoadedModel = done.value
-            break
+    loaded = run_loading(
+        load_shard(command.model_path, command.spec, group),
+        lambda progress: outbox.send(RankLoadProgress(progress=progress)),
+    )
     gc.collect()
     mx.clear_cache()
     return loaded, time.perf_counter() - started

@@ -13,7 +13,7 @@ from mlx_lm import stream_generate
 
 from engine.errors import RequestError
 from engine.generate import generate, next_turn_prefix, prefill_next_turn, render_prompt
-from engine.loading import LoadedModel, load_model, load_model_sync
+from engine.loading import LoadedModel, load_model, load_model_sync, run_loading
 from engine.types import (
     ChatRequest,
     Chunk,
@@ -45,14 +45,8 @@ def loaded(tiny_llama: Path) -> LoadedModel:
 
 
 def test_loading_reports_every_layer_and_ends_at_n_of_n(tiny_llama: Path) -> None:
-    loading = load_model(tiny_llama)
     reports: list[LoadProgress] = []
-    while True:
-        try:
-            reports.append(next(loading))
-        except StopIteration as stop:
-            result = stop.value
-            break
+    result = run_loading(load_model(tiny_llama), reports.append)
     assert isinstance(result, LoadedModel)
     n = result.card.num_layers
     assert [r.layers_loaded for r in reports] == list(range(1, n + 1))

@@ -18,7 +18,7 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from engine.loading import LoadedModel, load_model_sync, open_lazy, transformer_layers
+from engine.loading import LoadedModel, load_model_sync, open_lazy, run_loading, transformer_layers
 from engine.models import read_card
 from engine.parallel import (
     ShardError,
@@ -339,14 +339,8 @@ def test_load_shard_refuses_a_bad_spec_before_reading_weights(tiny_llama: Path) 
 
 
 def test_a_pipeline_rank_loads_before_its_ring_and_a_tensor_rank_cannot(tiny_llama: Path) -> None:
-    loading = load_shard(tiny_llama, pipeline(0, 2, 0, 2), None)
-    progress = []
-    while True:
-        try:
-            progress.append(next(loading))
-        except StopIteration as done:
-            loaded = done.value
-            break
+    progress: list[LoadProgress] = []
+    loaded = run_loading(load_shard(tiny_llama, pipeline(0, 2, 0, 2), None), progress.append)
     assert [p.layers_loaded for p in progress] == [1, 2]
     # Hooked for a ring of two, it refuses to run until it has joined one.
     with pytest.raises(ShardError, match="has not joined its ring"):

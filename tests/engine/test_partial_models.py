@@ -13,7 +13,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from engine.errors import ModelFormatError
-from engine.loading import load_model, load_model_sync, transformer_layers
+from engine.loading import load_model, load_model_sync, run_loading, transformer_layers
 from engine.models import find_models, missing_weight_files, read_card
 
 # tiny_model_factory("llama", shards=4): one layer per file; the embeddings sit in the first
@@ -47,14 +47,6 @@ def weights(layers: Sequence[nn.Module]) -> list[tuple[str, mx.array]]:
     return [item for layer in layers for item in tree_flatten(layer.parameters())]
 
 
-def run(loading: Any) -> Any:
-    while True:
-        try:
-            next(loading)
-        except StopIteration as done:
-            return done.value
-
-
 def test_the_card_of_a_partial_folder_names_the_layers_on_disk(
     whole: Path, without_layer_2: Path
 ) -> None:
@@ -75,7 +67,7 @@ def test_the_card_of_a_partial_folder_names_the_layers_on_disk(
 
 def test_a_rank_loads_its_layers_from_a_partial_folder(whole: Path, without_layer_2: Path) -> None:
     reference = load_model_sync(whole)
-    loaded = run(load_model(without_layer_2, prepare=keep(0, 2), layer_range=(0, 2)))
+    loaded = run_loading(load_model(without_layer_2, prepare=keep(0, 2), layer_range=(0, 2)))
     got = weights(transformer_layers(loaded.model)[0:2])
     want = weights(transformer_layers(reference.model)[0:2])
     assert [name for name, _ in got] == [name for name, _ in want]
@@ -86,7 +78,7 @@ def test_a_rank_loads_its_layers_from_a_partial_folder(whole: Path, without_laye
 
 def test_layers_whose_file_is_missing_are_refused_by_name(without_layer_2: Path) -> None:
     with pytest.raises(ModelFormatError) as error:
-        run(load_model(without_layer_2, prepare=keep(1, 3), layer_range=(1, 3)))
+        run_loading(load_model(without_layer_2, prepare=keep(1, 3), layer_range=(1, 3)))
     assert SHARDS[2] in error.value.cause and "layers 1-2" in error.value.cause
     assert "exo-tui models download" in error.value.fix and "--layers 1:3" in error.value.fix
     with pytest.raises(ModelFormatError, match=SHARDS[2]):
