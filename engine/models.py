@@ -177,9 +177,9 @@ def read_card(path: Path, source: ModelSource = "path", *, name: str | None = No
     num_parameters = _count_parameters(tensors, config, quantization)
     index = _weight_index(path)
     layers_on_disk = _layers_on_disk(path, index, num_layers) if index is not None else None
-    if layers_on_disk is not None:
+    if index is not None and layers_on_disk is not None:
         # A pipeline share of a download: the card describes the whole model.
-        total = _index_total_size(index) if index is not None else None
+        total = _index_total_size(index)
         if total is not None and bytes_on_disk:
             num_parameters = num_parameters * total // bytes_on_disk
             bytes_on_disk = total

@@ -213,8 +213,6 @@ class Coordinator:
             for node_id in instance.ranks_of:
                 if node_id not in fetching:
                     await self._launch_node(launch, node_id)
-            if launch.wait_to_join and not fetching:  # every download ended during _reserve
-                await self._join_all(launch)
             await self._until_ready(launch, fetching)
         except ClusterError:
             raise
