@@ -348,7 +348,10 @@ class LocalRing:
         """Start the runner of `rank` (tests override this to start something else)."""
         assert self._folder is not None
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLX_")}
-        env.update(MLX_HOSTFILE=str(hostfile), MLX_RANK=str(rank))
+        env.update(MLX_RANK=str(rank))
+        if len(self.hosts or self.specs) > 1:
+            # A ring of one runs alone: MLX's ring backend cannot connect a rank to itself.
+            env.update(MLX_HOSTFILE=str(hostfile))
         # The ranks share this machine's cores: BLAS threads of every rank on every core
         # oversubscribe it (pipeline decode ran at 6 tok/s instead of 14 on 2 cores).
         env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, _cores() // self.world_size)))

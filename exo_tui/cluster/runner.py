@@ -138,6 +138,10 @@ class RingCancel:
     def is_set(self) -> bool:
         import mlx.core as mx
 
+        if self._group.size() == 1:
+            # Alone, nobody to agree with: a collective would only wait for the queued step
+            # (mlx-lm overlaps building the next step with computing this one).
+            return self._local()
         flag = mx.array(1 if self._local() else 0, dtype=mx.int32)
         with mx.stream(self._stream):
             total = mx.distributed.all_sum(flag, group=self._group)

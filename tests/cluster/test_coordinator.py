@@ -139,6 +139,26 @@ async def test_pipeline_over_two_nodes_is_token_identical_to_one_process(
         tasks.cancel_scope.cancel()
 
 
+async def test_a_model_placed_on_one_other_node_alone_runs_there(
+    start: StartNode, models: Path
+) -> None:
+    nodes, cluster, card = await launched(start, models, "pipeline", count=1)
+    expected = [c for c in generate(load_model_sync(models / "tiny-llama"), REQUEST)][-1]
+    assert isinstance(expected, DoneChunk)
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(cluster.node.run)
+        await cluster.wait(lambda: len(cluster.state.online_nodes) == 1, 15)
+        placement = place(cluster.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        assert placement.node_ids == (nodes[0].node_id,)  # a ring of one, on the other node
+        await cluster.node.coordinator.launch(placement, card)
+        done = (await collect(cluster.node.coordinator.chat(REQUEST)))[-1]
+        assert isinstance(done, DoneChunk) and done.token_ids == expected.token_ids
+        await cluster.node.coordinator.stop()
+        await cluster.wait(lambda: not runner_pids(nodes[0]), 10)
+        tasks.cancel_scope.cancel()
+
+
 async def test_a_node_killed_mid_generation_fails_the_instance_and_stops_the_others(
     start: StartNode, models: Path
 ) -> None:
