@@ -121,6 +121,7 @@ def worker_engine(model: str) -> dict[str, Any]:
     app_chat = ten_turn_ttfts(loaded, with_tools=True)
     bare_chat = ten_turn_ttfts(loaded, with_tools=False)
     typing_chat = ten_turn_ttfts(loaded, with_tools=False, prefill_while_typing=True)
+    app_typing_chat = ten_turn_ttfts(loaded, with_tools=True, prefill_while_typing=True)
     return {
         "load_s": load_s,
         "prefill_tps": done.stats.prefill_tps,
@@ -131,6 +132,7 @@ def worker_engine(model: str) -> dict[str, Any]:
         "app_chat": app_chat,
         "bare_chat": bare_chat,
         "typing_chat": typing_chat,
+        "app_typing_chat": app_typing_chat,
     }
 
 
@@ -140,8 +142,9 @@ def ten_turn_ttfts(
     """TTFT of each turn of a 10-turn chat whose history grows every turn.
 
     `with_tools` sends what the app sends every turn: a system message and the built-in tools.
-    `prefill_while_typing` prefills the next turn's history between turns, as the app does while
-    the user types (not timed: the user is typing).
+    `prefill_while_typing` prefills what the app prefills while the user reads and types (not
+    timed: the user is typing): the history after each answer, then the message up to its last
+    word.
     """
     from engine.generate import generate, prefill_next_turn
     from engine.types import ChatRequest, DoneChunk, Message
@@ -154,7 +157,13 @@ def ten_turn_ttfts(
     ttfts: list[float] = []
     new_tokens: list[int] = []
     for turn in range(10):
-        history.append(Message(role="user", content=f"Turn {turn}: " + long_prompt()[:160]))
+        message = f"Turn {turn}: " + long_prompt()[:160]
+        if prefill_while_typing:
+            # The app prefills the message at each pause in the typing: say the last pause came
+            # before its last word (the engine also leaves out the word being typed then).
+            so_far = ChatRequest(messages=tuple(history), tools=BUILTIN_TOOLS if with_tools else ())
+            prefill_next_turn(loaded, so_far, draft=message[: message.rindex(" ") + 1])
+        history.append(Message(role="user", content=message))
         request = ChatRequest(
             messages=tuple(history),
             tools=BUILTIN_TOOLS if with_tools else (),
@@ -246,7 +255,8 @@ def main() -> None:
     chats = (
         ("app_chat", "system + tools"),
         ("bare_chat", "no system, no tools"),
-        ("typing_chat", "no system, no tools, next turn prefilled while the user types"),
+        ("typing_chat", "no system, no tools, prefilled while the user types"),
+        ("app_typing_chat", "system + tools, prefilled while the user types, as the app does"),
     )
     for key, label in chats:
         chats_run = [r[key] for r in engine if key in r]

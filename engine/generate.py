@@ -232,20 +232,28 @@ def generate(
     )
 
 
-# Two different next messages: what their renderings share is what any next turn starts with.
+# Two different endings of the next message: what their renderings share is what the next turn
+# starts with, whatever the user goes on to type.
 _PROBES = ("a", "z")
 PREFILL_CHUNK = 64  # tokens per step of the next-turn prefill; a cancel waits at most one step
 
 
-def next_turn_prefix(loaded: LoadedModel, request: ChatRequest) -> list[int]:
+def next_turn_prefix(loaded: LoadedModel, request: ChatRequest, draft: str = "") -> list[int]:
     """The prompt tokens every next turn of this conversation starts with: the history as the
     chat template will render it then (which can differ from what was generated: templates
-    drop reasoning from earlier answers, and text does not always re-tokenize to the same ids)."""
+    drop reasoning from earlier answers, and text does not always re-tokenize to the same ids),
+    followed by the next user message as far as `draft` (what is typed so far) settles it: the
+    last word may still grow, which can change how the text before it splits into tokens, so
+    it stays out."""
+    words = draft.split()
+    settled = draft[: len(draft.rstrip()) - len(words[-1])] if words else ""
     renders = [
         render_prompt(
             loaded,
             request.model_copy(
-                update={"messages": (*request.messages, Message(role="user", content=probe))}
+                update={
+                    "messages": (*request.messages, Message(role="user", content=settled + probe))
+                }
             ),
         )
         for probe in _PROBES
@@ -259,13 +267,14 @@ def next_turn_prefix(loaded: LoadedModel, request: ChatRequest) -> list[int]:
 
 
 def prefill_next_turn(
-    loaded: LoadedModel, request: ChatRequest, cancel: CancelToken | None = None
+    loaded: LoadedModel, request: ChatRequest, cancel: CancelToken | None = None, draft: str = ""
 ) -> int:
-    """Prefill the conversation as the next turn will see it, so that turn's TTFT covers only
-    the new message; meant for the time the user spends typing. Returns the tokens prefilled
-    (0 when the prompt cache already held them or `cancel` came first)."""
+    """Prefill the conversation as the next turn will see it (with the next message as far as
+    `draft` goes), so that turn's TTFT covers only what is not typed yet; meant for the time
+    the user spends reading and typing. Returns the tokens prefilled (0 when the prompt cache
+    already held them or `cancel` came first)."""
     cancel = cancel or NeverCancelled()
-    prefix = next_turn_prefix(loaded, request)
+    prefix = next_turn_prefix(loaded, request, draft)
     if len(prefix) < 2:
         return 0
     cache, rest = loaded.prompt_cache.take(loaded.model, prefix)

@@ -78,6 +78,8 @@ from exo_tui.tools import builtin_registry
 
 CONTEXT_LENGTH = 4096
 STREAM_INTERVAL = 1 / 8
+# Seconds without a key press before the typed message is prefilled: between bursts of typing.
+DRAFT_PREFILL_DELAY = 0.3
 SYSTEM_PROMPT = "You are exo-tui's assistant. Use the tools when they help; answer briefly."
 
 
@@ -156,6 +158,7 @@ class ExoTuiApp(App[None]):
         # One generation or next-turn prefill at a time on the model.
         self._engine_lock = threading.Lock()
         self._prefill_cancel = threading.Event()
+        self._draft_timer: Timer | None = None
         self._load_started: float | None = None
         self._load_clock: Timer | None = None
         self._generating = False
@@ -639,9 +642,11 @@ class ExoTuiApp(App[None]):
             return
         user = Message(role="user", content=event.text)
         if self.chat is None and self.store is not None:
+            opening = self._history_before_prompt()
             self.chat = self.store.create_chat(card.name)
             self.messages = []
-            self._remember(Message(role="system", content=SYSTEM_PROMPT))
+            for message in opening:
+                self._remember(message)
         self._remember(user)
         pane = self.query_one(ChatPane)
         await pane.add_user(event.text)
@@ -659,6 +664,35 @@ class ExoTuiApp(App[None]):
             temperature=0.0,
         )
         self._generate(answerer, request, self._answer, self._cancel)
+
+    def _history_before_prompt(self) -> tuple[Message, ...]:
+        """The messages the next prompt follows: a new chat starts with the system prompt."""
+        if self.chat is None and self.store is not None:
+            return (Message(role="system", content=SYSTEM_PROMPT),)
+        return tuple(self.messages)
+
+    @on(PromptInput.Changed)
+    def _draft_changed(self) -> None:
+        if self._draft_timer is not None:
+            self._draft_timer.stop()
+        self._draft_timer = self.set_timer(DRAFT_PREFILL_DELAY, self._prefill_draft)
+
+    def _prefill_draft(self) -> None:
+        """While the user types, prefill their message as far as it is typed (at each pause),
+        so that sending it leaves only the last words to prefill."""
+        loaded, draft = self.loaded, self.query_one(PromptInput).text
+        if loaded is None or self._generating or not draft.strip():
+            return
+        request = ChatRequest(messages=self._history_before_prompt(), tools=self.tools.specs)
+        self._prefill(loaded, request, draft, self._prefill_cancel)
+
+    @work(thread=True, group="prefill")
+    def _prefill(
+        self, loaded: LoadedModel, request: ChatRequest, draft: str, cancel: threading.Event
+    ) -> None:
+        with self._engine_lock:  # after the answer (and its own prefill) let go of the model
+            if not cancel.is_set():
+                prefill_next_turn(loaded, request, cancel, draft)
 
     def _serving_nodes(self) -> tuple[str, ...]:
         """The nodes that run the model: those of the instance, or this one."""

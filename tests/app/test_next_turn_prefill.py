@@ -50,3 +50,42 @@ async def test_the_next_turn_is_prefilled_after_an_answer(tiny_llama: Path, tmp_
         # Only the new message (and its template markers) was prefilled on the critical path.
         new = done.usage.prompt_tokens - done.usage.cached_tokens
         assert new <= len(render_prompt(app.loaded, second)) - len(prefix) + 1
+
+
+async def test_a_message_being_typed_is_prefilled_at_each_pause(
+    tiny_llama: Path, tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(tiny_llama, models / "tiny-llama")
+    app = ExoTuiApp(
+        model="tiny-llama", models_dirs=[models], node_stats=fixed_stats(), bundled=False
+    )
+    app.max_tokens = 8
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.card is not None)
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: isinstance(app.state.nodes[0].runner, RunnerReady))
+        assert app.loaded is not None
+        await pilot.click(PromptInput)
+        message = "how many layers does each of my nodes hold"
+        draft = message[: -len(" hold")]
+        await pilot.press(*draft)
+        # A pause in the typing: the message so far is prefilled behind the app's back.
+        history = ChatRequest(messages=app._history_before_prompt(), tools=app.tools.specs)
+        prefix = next_turn_prefix(app.loaded, history, draft)
+        await wait_until(
+            pilot, lambda: len(app.loaded.prompt_cache.take(app.loaded.model, prefix)[1]) == 1
+        )
+        await pilot.press(*message[len(draft) :], "enter")
+        await wait_until(pilot, lambda: bool(app.query(StatsLine)) and not app._generating)
+        done = app.query(StatsLine).last().done
+        assert done.usage.cached_tokens >= len(prefix) - 1
+        prompt = render_prompt(
+            app.loaded,
+            history.model_copy(
+                update={"messages": (*history.messages, Message(role="user", content=message))}
+            ),
+        )
+        assert done.usage.prompt_tokens == len(prompt)
+        # Only the last words and the template's end were left for the critical path.
+        assert done.usage.prompt_tokens - done.usage.cached_tokens <= len(prompt) - len(prefix) + 1

@@ -149,6 +149,54 @@ def test_prefilling_the_next_turn_leaves_only_the_new_message_to_prefill(
     assert done_of(generate(loaded, second)).token_ids == done2.token_ids
 
 
+def earlier_turn() -> ChatRequest:
+    return ChatRequest(
+        messages=(
+            Message(role="user", content="What is a pipeline?"),
+            Message(role="assistant", content="Layers in order, a range per node."),
+        ),
+        temperature=0.0,
+    )
+
+
+def test_prefilling_a_typed_draft_leaves_only_its_last_word_to_prefill(
+    loaded: LoadedModel,
+) -> None:
+    loaded.prompt_cache.clear()
+    history = earlier_turn()
+    message = "And how does tensor parallel split every layer across the nodes?"
+    draft = message[: message.rindex(" ") + 3]  # typed up to two letters of the last word
+    prefilled = prefill_next_turn(loaded, history, draft=draft)
+    prefix = next_turn_prefix(loaded, history, draft)
+    assert prefilled == len(prefix)  # nothing was cached: all of it was prefilled
+    final = chat(message, *history.messages, max_tokens=6)
+    prompt = render_prompt(loaded, final)
+    # The prefix stops before the word still being typed, and the final prompt starts with it.
+    assert prompt[: len(prefix)] == prefix
+    settled = draft[: draft.rindex(" ", 0, draft.rindex(" "))]  # all but the last two words
+    assert len(prefix) >= len(render_prompt(loaded, chat(settled, *history.messages))) - 8
+    done = done_of(generate(loaded, final))
+    assert done.usage.cached_tokens == len(prefix)
+    # Of the new message, only its last words (and the template's end) were left to prefill.
+    message_tokens = len(prompt) - len(next_turn_prefix(loaded, history))
+    assert done.usage.prompt_tokens - done.usage.cached_tokens < message_tokens / 3
+    # Same tokens as a cold start of the same turn.
+    loaded.prompt_cache.clear()
+    assert done_of(generate(loaded, final)).token_ids == done.token_ids
+
+
+def test_a_draft_edited_before_sending_reuses_what_still_matches(loaded: LoadedModel) -> None:
+    loaded.prompt_cache.clear()
+    history = earlier_turn()
+    prefill_next_turn(loaded, history, draft="Count the apples in the basket ")
+    final = chat("Count the pears in the basket please.", *history.messages, max_tokens=6)
+    done = done_of(generate(loaded, final))
+    shared = next_turn_prefix(loaded, history, "Count the ")
+    assert len(shared) <= done.usage.cached_tokens < len(render_prompt(loaded, final))
+    loaded.prompt_cache.clear()
+    assert done_of(generate(loaded, final)).token_ids == done.token_ids
+
+
 def test_a_cancelled_next_turn_prefill_stores_nothing(loaded: LoadedModel) -> None:
     loaded.prompt_cache.clear()
     cancel = threading.Event()
