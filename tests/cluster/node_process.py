@@ -66,6 +66,9 @@ def start(tmp_path: Path) -> Iterator[StartNode]:
         """`env`: more environment for this node (e.g. its own Hugging Face cache)."""
         env = {k: v for k, v in os.environ.items() if k != "EXO_TUI_KEY"} | (env or {})
         env["EXO_TUI_HOME"] = str(tmp_path / name)
+        # Its ring folders too: a node killed by a test cannot remove them.
+        env["TMPDIR"] = str(tmp_path / name)
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "exo_tui.cli", "node", "--json", "--no-mdns", "--port", "0"]
         argv += ["--key", key, "--name", name, *args]
         process = subprocess.Popen(

@@ -59,6 +59,8 @@ class Running:
 def start(where: NetnsNode, home: Path, *args: str) -> Running:
     env = {k: v for k, v in os.environ.items() if k != "EXO_TUI_KEY"}
     env["EXO_TUI_HOME"] = str(home / where.name)
+    env["TMPDIR"] = str(home / where.name)  # its ring folders: a node a test kills leaves them
+    (home / where.name).mkdir(parents=True, exist_ok=True)
     process = where.run(
         [*EXO_TUI, *args],
         cwd=ROOT,
