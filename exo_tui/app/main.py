@@ -672,15 +672,16 @@ class ExoTuiApp(App[None]):
         return tuple(self.messages)
 
     @on(PromptInput.Changed)
-    def _draft_changed(self) -> None:
+    def _draft_changed(self, event: PromptInput.Changed) -> None:
         if self._draft_timer is not None:
             self._draft_timer.stop()
-        self._draft_timer = self.set_timer(DRAFT_PREFILL_DELAY, self._prefill_draft)
+        draft = event.text_area.text
+        self._draft_timer = self.set_timer(DRAFT_PREFILL_DELAY, lambda: self._prefill_draft(draft))
 
-    def _prefill_draft(self) -> None:
+    def _prefill_draft(self, draft: str) -> None:
         """While the user types, prefill their message as far as it is typed (at each pause),
         so that sending it leaves only the last words to prefill."""
-        loaded, draft = self.loaded, self.query_one(PromptInput).text
+        loaded = self.loaded
         if loaded is None or self._generating or not draft.strip():
             return
         request = ChatRequest(messages=self._history_before_prompt(), tools=self.tools.specs)

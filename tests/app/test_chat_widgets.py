@@ -142,11 +142,11 @@ async def test_tool_call_then_result_flips_status_and_answer_continues() -> None
         await answer.feed(done())
         await pilot.pause()
         assert [type(child).__name__ for child in answer.children] == [
-            "Markdown",
+            "AnswerMarkdown",
             "ToolCallView",
             "ToolCallView",
             "StatsLine",
-            "Markdown",
+            "AnswerMarkdown",
             "StatsLine",
         ]
         assert answer.text == "Let me compute that.\n\n2+2 is **4**."
@@ -183,7 +183,7 @@ async def test_reasoning_then_text_collapses_the_reasoning() -> None:
         assert block.query_one(Markdown).source == "The user wants a greeting."
         assert answer.text == "Hello!"
         children = [type(child).__name__ for child in answer.children]
-        assert children == ["Collapsible", "Markdown", "StatsLine"]
+        assert children == ["Collapsible", "AnswerMarkdown", "StatsLine"]
 
 
 @pytest.mark.anyio
@@ -378,3 +378,38 @@ def test_snapshot_finished_answer(snap_compare: Callable[..., bool]) -> None:
         await pilot.pause()
 
     assert snap_compare(ChatApp(), terminal_size=(80, 32), run_before=run_before)
+
+
+@pytest.mark.anyio
+async def test_a_streamed_append_costs_one_layout_and_the_answer_fits_its_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from textual.screen import Screen
+
+    layouts: list[None] = []
+    refresh_layout = Screen._refresh_layout
+
+    def counted(screen: Screen[None], *args: object, **kwargs: object) -> None:
+        layouts.append(None)
+        refresh_layout(screen, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Screen, "_refresh_layout", counted)
+    words = " ".join(f"word{i}" for i in range(400)).split(" ")
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        pane, answer = await start(pilot)
+        await pilot.pause()
+        layouts.clear()
+        for start_word in range(0, len(words), 20):
+            await answer.feed(TextChunk(text=" ".join(words[start_word : start_word + 20]) + " "))
+            await pilot.pause()
+        appends = len(words) // 20
+        # One layout per append (Textual's own echo layout made it two), give or take the
+        # scrollbar appearing.
+        assert appends <= len(layouts) <= appends + 3
+        # The answer grew to hold all its text, and the view followed it to the bottom.
+        markdown = answer.query_one(Markdown)
+        characters = len(" ".join(words))
+        assert markdown.size.height >= characters // markdown.content_size.width
+        assert pane.scroll_y == pane.max_scroll_y > 0
+        screen = [strip.text for strip in pilot.app.screen._compositor.render_strips()]
+        assert any("word399" in line for line in screen[-6:])

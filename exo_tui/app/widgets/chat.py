@@ -13,10 +13,12 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.css.query import QueryType
+from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import AwaitMount, Widget
 from textual.widgets import Collapsible, Markdown, Static, TextArea
+from textual.widgets.markdown import MarkdownBlock
 
 from engine.types import (
     Chunk,
@@ -46,6 +48,37 @@ def format_stats(done: DoneChunk) -> str:
             done.finish_reason.replace("_", " "),
         )
     )
+
+
+class _SizedByTheLayout:
+    """Takes the size a layout gives it without asking for one more layout.
+
+    When a layout changes a widget's size, Textual sets its virtual size through a reactive
+    that lays out the whole screen again, though the layout that ran has placed (and anchored)
+    everything at the new sizes already: each streamed append to an answer cost two layouts
+    and two repaints of the same region (a scrollbar that shows or hides still asks for one,
+    through its own reactive). The conversation's widgets skip the second.
+
+    A plain mixin: a Widget subclass would carry Textual's per-class attributes and shadow those
+    of the widget it is mixed into.
+    """
+
+    def _size_updated(
+        self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
+    ) -> bool:
+        updated: bool = super()._size_updated(  # type: ignore[misc]
+            size, virtual_size, container_size, layout=False
+        )
+        return updated
+
+
+class AnswerMarkdown(_SizedByTheLayout, Markdown):
+    """Markdown of an answer, its blocks sized by the layout (see _SizedByTheLayout)."""
+
+    BLOCKS: dict[str, type[MarkdownBlock]] = {
+        name: type(block.__name__, (_SizedByTheLayout, block), {})
+        for name, block in Markdown.BLOCKS.items()
+    }
 
 
 class UserMessage(Static):
@@ -170,7 +203,7 @@ class _StreamedPart:
         await self.markdown.update("".join(self.pieces))
 
 
-class AnswerView(Widget):
+class AnswerView(_SizedByTheLayout, Widget):
     """One assistant answer: reasoning, text, tool calls, errors and stats, in arrival order.
 
     Streamed with `feed`, or built finished from stored assistant and tool messages.
@@ -262,7 +295,7 @@ class AnswerView(Widget):
         if self._part is not None and self._part.kind == kind:
             return self._part
         await self._end_part()
-        markdown = Markdown()
+        markdown = AnswerMarkdown()
         if kind == "reasoning":
             self._reasoning = Collapsible(markdown, title="reasoning", collapsed=False)
             await self._add(self._reasoning)
@@ -291,10 +324,10 @@ class AnswerView(Widget):
         for message in messages:
             if message.role == "assistant":
                 if message.reasoning:
-                    reasoning = Markdown(message.reasoning)
+                    reasoning = AnswerMarkdown(message.reasoning)
                     widgets.append(Collapsible(reasoning, title="reasoning", collapsed=True))
                 if message.content:
-                    widgets.append(Markdown(message.content))
+                    widgets.append(AnswerMarkdown(message.content))
                     self._texts.append([message.content])
                 for call in message.tool_calls:
                     view = self._tools[call.id] = ToolCallView(call.id, call.name, call.arguments)
@@ -309,7 +342,11 @@ class AnswerView(Widget):
         return widgets
 
 
-class ChatPane(VerticalScroll):
+class _ChatLog(_SizedByTheLayout, Vertical):
+    """The entries of the conversation, one under the other."""
+
+
+class ChatPane(_SizedByTheLayout, VerticalScroll):
     """The conversation. It follows new content only while the view is at the bottom."""
 
     DEFAULT_CSS = """
@@ -325,7 +362,7 @@ class ChatPane(VerticalScroll):
         # Anchoring a scroll view shorter than its content sets a negative scroll_y (the
         # conversation would sit at the bottom, and the first scroll jumps it to the top);
         # a log at least as tall as the view avoids that.
-        self._log = Vertical(classes="chat-log")
+        self._log = _ChatLog(classes="chat-log")
 
     def compose(self) -> ComposeResult:
         yield self._log
