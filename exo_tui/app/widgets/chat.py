@@ -81,6 +81,12 @@ class AnswerMarkdown(_SizedByTheLayout, Markdown):
     }
 
 
+class ReasoningView(_SizedByTheLayout, Collapsible):
+    """An answer's reasoning, collapsible, sized by the layout (see _SizedByTheLayout)."""
+
+    Contents = type("Contents", (_SizedByTheLayout, Collapsible.Contents), {})
+
+
 class UserMessage(Static):
     """What the user asked, shown as typed (no markup, no Markdown)."""
 
@@ -297,7 +303,7 @@ class AnswerView(_SizedByTheLayout, Widget):
         await self._end_part()
         markdown = AnswerMarkdown()
         if kind == "reasoning":
-            self._reasoning = Collapsible(markdown, title="reasoning", collapsed=False)
+            self._reasoning = ReasoningView(markdown, title="reasoning", collapsed=False)
             await self._add(self._reasoning)
         else:
             if self._reasoning is not None:
@@ -325,7 +331,7 @@ class AnswerView(_SizedByTheLayout, Widget):
             if message.role == "assistant":
                 if message.reasoning:
                     reasoning = AnswerMarkdown(message.reasoning)
-                    widgets.append(Collapsible(reasoning, title="reasoning", collapsed=True))
+                    widgets.append(ReasoningView(reasoning, title="reasoning", collapsed=True))
                 if message.content:
                     widgets.append(AnswerMarkdown(message.content))
                     self._texts.append([message.content])
