@@ -30,9 +30,13 @@ import numpy as np
 # Each block costs a sync and smaller matmuls: 96 new tokens x 10 heads x 1,362 keys took 14.6 ms
 # a layer in three blocks, 9.0 in one.
 MAX_SCORES = 1 << 21
-# Fewer new tokens than this (decoding) keep MLX's kernel: their softmax is small, and the
-# copies to and from numpy would cost more than they save.
-MIN_QUERIES = 16
+# MLX's kernel keeps decoding (one query): this path syncs at every layer, which would stop
+# mlx-lm from building the next step while this one computes. It keeps small blocks too (fewer
+# scores per head than MIN_SCORES_PER_HEAD): their softmax is cheap and the copies to and from
+# numpy cost more than they save. Measured here (10 heads): 4 queries over 1,372 keys 1.1 ms a
+# layer against MLX's 3.6; 16 over 64 the same; 2 over 64 twice as slow.
+MIN_QUERIES = 2
+MIN_SCORES_PER_HEAD = 1024
 _ORIGINAL = "_exo_tui_original_sdpa"
 
 Mask = mx.array | str | None
@@ -131,6 +135,7 @@ def _routed(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
     ) -> mx.array:
         if (
             queries.shape[2] < MIN_QUERIES
+            or queries.shape[2] * keys.shape[2] < MIN_SCORES_PER_HEAD
             or sinks is not None
             or hasattr(cache, "bits")
             or not enabled()

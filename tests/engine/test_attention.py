@@ -81,7 +81,8 @@ def test_loaded_models_route_prefill_through_it(tiny_llama: Path) -> None:
     attention.attention = counting  # type: ignore[assignment]
     try:
         request = ChatRequest(
-            messages=(Message(role="user", content="hello there, how are you today?"),),
+            # Long enough for a block of at least MIN_SCORES_PER_HEAD scores (L x L causal).
+            messages=(Message(role="user", content="hello there, how are you today? " * 3),),
             max_tokens=4,
             temperature=0.0,
         )
@@ -92,6 +93,31 @@ def test_loaded_models_route_prefill_through_it(tiny_llama: Path) -> None:
     # it once per layer; decoding (one query at a time) keeps MLX's kernel.
     assert calls and all(n == done.usage.prompt_tokens - 1 for n in calls)
     assert len(calls) == loaded.card.num_layers
+    assert (done.usage.prompt_tokens - 1) ** 2 >= attention.MIN_SCORES_PER_HEAD
+
+
+def test_a_few_new_tokens_over_a_long_history_go_through_it_and_tiny_blocks_do_not(
+    tiny_llama: Path,
+) -> None:
+    loaded = load_model_sync(tiny_llama)
+    module = sys.modules[type(loaded.model).__module__]
+    routed = module.scaled_dot_product_attention
+    calls: list[tuple[int, int]] = []
+    original_attention = attention.attention
+
+    def counting(q: mx.array, k: mx.array, *args: object, **kwargs: object) -> mx.array:
+        calls.append((q.shape[2], k.shape[2]))
+        return original_attention(q, k, *args, **kwargs)  # type: ignore[arg-type]
+
+    attention.attention = counting  # type: ignore[assignment]
+    try:
+        for length, keys in [(4, 600), (2, 600), (8, 64), (1, 600)]:
+            q, k, v = random_qkv(length, keys)
+            routed(q, k, v, cache=None, scale=0.2, mask="causal" if length > 1 else None)
+    finally:
+        attention.attention = original_attention
+    # A draft's last words over a long chat: ours. Tiny blocks and decoding: MLX's kernel.
+    assert calls == [(4, 600), (2, 600)]
 
 
 def test_greedy_tokens_match_mlx_attention(
