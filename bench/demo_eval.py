@@ -15,8 +15,9 @@ For each held-out prompt, greedy, with the built-in tools offered:
 Targets: right tool >= 90 %, valid arguments >= 98 %, answer uses result >= 90 %.
 
 `cluster_status` reports this machine's memory, but its node under a name never used in
-training (a different one per prompt, from HELDOUT_NODE_NAMES), so the figures do not depend
-on the machine's hostname; `--live-name` keeps the hostname instead.
+training (a different one per prompt, from `demo_model.corpus.HELDOUT_NODE_NAMES`, which the
+training corpus never produces), so the figures do not depend on the machine's hostname;
+`--live-name` keeps the hostname instead.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import engine  # noqa: E402, F401  (OpenBLAS before mlx)
-from demo_model.corpus import EvalPrompt, heldout_prompts  # noqa: E402
+from demo_model.corpus import HELDOUT_NODE_NAMES, EvalPrompt, heldout_prompts  # noqa: E402
 from engine.errors import RequestError  # noqa: E402
 from engine.generate import generate  # noqa: E402
 from engine.loading import LoadedModel, load_model_sync  # noqa: E402
@@ -50,8 +51,6 @@ from engine.types import (  # noqa: E402
 from exo_tui.tools import BUILTIN_TOOLS, builtin_registry, local_cluster_status  # noqa: E402
 
 TARGETS = {"right_tool": 0.90, "valid_arguments": 0.98, "answer_uses_result": 0.90}
-# Node names the corpus never generates (it knows "vm", "studio", made-up syllables ...).
-HELDOUT_NODE_NAMES = ("zephyr-42", "quokka", "tundra-box", "orion-7", "kestrel")
 _JSON_TYPES: dict[str, type | tuple[type, ...]] = {
     "string": str,
     "number": (int, float),

@@ -548,8 +548,89 @@ def _made_up(rng: random.Random) -> str:
     return "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 3)))
 
 
-def _host(rng: random.Random) -> str:
-    """A node name: known words, made-up words, digits, dashes, hex ids; the answer copies it."""
+# Node names `bench/demo_eval.py` gives its node: training never produces them, nor any name
+# containing one of them or their words (so the eval measures copying, not recall).
+HELDOUT_NODE_NAMES = ("zephyr-42", "quokka", "tundra-box", "orion-7", "kestrel")
+_HELDOUT_NAME_PARTS = sorted(
+    {name for name in HELDOUT_NODE_NAMES}
+    | {part for name in HELDOUT_NODE_NAMES for part in name.split("-") if len(part) >= 4}
+)
+
+
+def is_heldout_name(name: str) -> bool:
+    """Whether a name contains a held-out node name or one of its words (any case)."""
+    lower = name.lower()
+    return any(part in lower for part in _HELDOUT_NAME_PARTS)
+
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_CONSONANTS = "bcdfghjklmnprstvwxz"
+_VOWELS = "aeiouy"
+_CLUSTERS = ["br", "tr", "st", "sk", "pl", "gr", "ch", "sh", "th", "kr", "dr", "fl", "sn", "zh"]
+
+
+def _letters(rng: random.Random, length: int) -> str:
+    return "".join(rng.choice(_LETTERS) for _ in range(length))
+
+
+def _pronounceable(rng: random.Random, length: int) -> str:
+    """Consonant-vowel syllables (now and then a cluster or a closing consonant), `length` long."""
+    out = ""
+    consonant = rng.random() < 0.7
+    while len(out) < length:
+        if consonant:
+            out += rng.choice(_CLUSTERS) if rng.random() < 0.12 else rng.choice(_CONSONANTS)
+        else:
+            out += rng.choice(_VOWELS)
+        consonant = not consonant if rng.random() < 0.9 else consonant
+    return out[:length]
+
+
+def _random_word(rng: random.Random, length: int) -> str:
+    return _pronounceable(rng, length) if rng.random() < 0.55 else _letters(rng, length)
+
+
+def random_name(rng: random.Random) -> str:
+    """A name of random characters, 3-12 long: letter strings, consonant-vowel strings, with
+    digits and dashes, now and then uppercase. The tokenizer splits such names into many
+    different token sequences, so an answer can only name them by copying from the result."""
+    length = rng.randint(3, 12)
+    roll = rng.random()
+    if roll < 0.3:  # one word
+        name = _random_word(rng, length)
+    elif roll < 0.5:  # word-digits or word+digits
+        digits = rng.randint(1, min(4, length - 2))
+        word = _random_word(rng, max(2, length - digits - 1))
+        sep = rng.choice(["-", "-", ""])
+        number = "".join(rng.choice("0123456789") for _ in range(digits))
+        name = f"{word}{sep}{number}"
+    elif roll < 0.7:  # word-word
+        first = rng.randint(2, max(2, length - 3))
+        second = max(1, length - first - 1)
+        name = f"{_random_word(rng, first)}-{_random_word(rng, second)}"
+    elif roll < 0.85:  # letters and digits mixed
+        name = "".join(rng.choice(_LETTERS + "0123456789") for _ in range(length))
+        name = rng.choice(_LETTERS) + name[1:]
+    else:  # several short parts with dashes
+        parts = []
+        while sum(len(x) + 1 for x in parts) < length:
+            parts.append(
+                _random_word(rng, rng.randint(1, 4))
+                if rng.random() < 0.6
+                else str(rng.randint(0, 99))
+            )
+        name = "-".join(parts)[:length].strip("-") or _letters(rng, 3)
+    casing = rng.random()
+    if casing < 0.08:
+        name = name[:1].upper() + name[1:]
+    elif casing < 0.11:
+        name = name.upper()
+    elif casing < 0.13:
+        name = "".join(c.upper() if rng.random() < 0.3 else c for c in name)
+    return name
+
+
+def _classic_host(rng: random.Random) -> str:
     roll = rng.random()
     if roll < 0.15:
         name = rng.choice(_HOSTS)
@@ -574,10 +655,34 @@ def _host(rng: random.Random) -> str:
     return name
 
 
-def _model_name(rng: random.Random) -> str | None:
+RANDOM_NAME_SHARE = 0.55
+
+
+def _host(rng: random.Random, random_names: bool = False) -> str:
+    """A node name: known words, made-up words, digits, dashes, hex ids and (`random_names`,
+    training) often random characters; the answer copies it. Never a held-out node name."""
+    while True:
+        if random_names and rng.random() < RANDOM_NAME_SHARE:
+            name = random_name(rng)
+        else:
+            name = _classic_host(rng)
+        if not is_heldout_name(name):
+            return name
+
+
+def _model_name(rng: random.Random, random_names: bool = False) -> str | None:
     roll = rng.random()
     if roll < 0.2:
         return None
+    if random_names and rng.random() < 0.2:  # a model name of random characters
+        while True:
+            size = rng.choice(["0.5B", "1B", "3B", "7B", "8B", "14B", f"{rng.randint(1, 99)}B"])
+            name = random_name(rng)
+            name = rng.choice(
+                [name, f"{name}-{size}", f"{name}-{size}-{rng.choice(['4bit', 'it'])}"]
+            )
+            if not is_heldout_name(name):
+                return name
     if roll < 0.4:
         return "demo"
     if roll < 0.65:
@@ -590,12 +695,13 @@ def _model_name(rng: random.Random) -> str | None:
     return f"{_made_up(rng)}-{rng.randint(1, 9)}"
 
 
-def cluster_status(rng: random.Random) -> dict[str, Any]:
-    """A random status in the shape of `exo_tui.tools.local_cluster_status`, 1-4 nodes."""
+def cluster_status(rng: random.Random, random_names: bool = False) -> dict[str, Any]:
+    """A random status in the shape of `exo_tui.tools.local_cluster_status`, 1-5 nodes
+    (`random_names`: many names of random characters, as training uses)."""
     count = rng.choices([1, 2, 3, 4, 5], weights=[5, 3, 2, 1, 1])[0]
     names: list[str] = []
     while len(names) < count:
-        name = _host(rng)
+        name = _host(rng, random_names)
         if name not in names:
             names.append(name)
     nodes: list[dict[str, Any]] = []
@@ -617,7 +723,7 @@ def cluster_status(rng: random.Random) -> dict[str, Any]:
         "nodes": nodes,
         "total_memory_gb": round(sum(n["memory_total_gb"] for n in nodes), 1),
         "available_memory_gb": round(sum(n["memory_available_gb"] for n in nodes), 1),
-        "model": _model_name(rng),
+        "model": _model_name(rng, random_names),
     }
 
 
@@ -705,12 +811,14 @@ def _cluster_frame(rng: random.Random, split: Split, aspect: str) -> str:
 def cluster_turns(
     rng: random.Random, split: Split, aspect: str | None = None
 ) -> tuple[list[dict[str, Any]], str]:
-    # Training sees the four aspects equally often (the model and overview answers are the hard
-    # ones); the held-out prompts keep their own mix.
-    weights = [3, 3, 3, 3] if split == "train" else [3, 3, 2, 2]
+    # Training sees the answers that name nodes (nodes, overview) a bit more often than memory
+    # and model; the held-out prompts keep their own mix.
+    weights = [3, 4, 3, 4] if split == "train" else [3, 3, 2, 2]
     aspect = aspect or rng.choices(list(_CLUSTER_FRAMES), weights=weights)[0]
     question = _dress(rng, _cluster_frame(rng, split, aspect))
-    status = cluster_status(rng)
+    # Training names nodes with random characters too (the held-out prompts keep the classic
+    # names, and so draw the same prompts as before).
+    status = cluster_status(rng, random_names=split == "train")
     result = json.dumps(status)
     turns = _tool_turns(question, "cluster_status", {}, result, cluster_answer(status, aspect))
     return turns, aspect
@@ -915,10 +1023,10 @@ class Conversation:
 
 
 _INTENT_WEIGHTS: dict[Intent, float] = {
-    "calculator": 0.33,
+    "calculator": 0.32,
     "clock": 0.11,
-    "cluster_status": 0.30,
-    "chat": 0.26,
+    "cluster_status": 0.32,
+    "chat": 0.25,
 }
 _TURNS: dict[Intent, Callable[[random.Random, Split], list[dict[str, Any]]]] = {
     "calculator": lambda rng, split: calculator_turns(rng, split)[0],
