@@ -98,17 +98,12 @@ def run_single(model: Path) -> dict[str, Any]:
 
 
 def run_ring(model: Path, strategy: str) -> dict[str, Any]:
+    from engine.loading import run_loading
     from engine.models import read_card
     from engine.types import DoneChunk, ErrorChunk
     from exo_tui.cluster.ranks import start_local_ranks
 
-    loading = start_local_ranks(read_card(model), strategy, 2)  # type: ignore[arg-type]
-    while True:
-        try:
-            next(loading)
-        except StopIteration as done:
-            ring = done.value
-            break
+    ring = run_loading(start_local_ranks(read_card(model), strategy, 2))  # type: ignore[arg-type]
     with ring:
         warm, measured = requests()
         list(ring.chat(warm))

@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -25,6 +25,7 @@ from engine.prompt_cache import ConversationCache
 from engine.types import LoadProgress, ModelCard
 
 Loading = Generator[LoadProgress, None, "LoadedModel"]
+Loaded = TypeVar("Loaded")
 # The lazily built model and its config in, the layers this process must materialise out.
 PrepareLayers = Callable[[nn.Module, dict[str, Any]], Sequence[nn.Module]]
 
@@ -146,14 +147,16 @@ def load_model(
 
 
 def run_loading(
-    loading: Loading, on_progress: Callable[[LoadProgress], None] | None = None
-) -> LoadedModel:
-    """Run a loading generator to the end, handing each report to `on_progress`."""
+    loading: Generator[LoadProgress, None, Loaded],
+    on_progress: Callable[[LoadProgress], None] | None = None,
+) -> Loaded:
+    """Run a loading generator (a model's, a shard's, a ring's) to the end, handing each report
+    to `on_progress`; its result."""
     while True:
         try:
             progress = next(loading)
         except StopIteration as done:
-            loaded: LoadedModel = done.value
+            loaded: Loaded = done.value
             return loaded
         if on_progress is not None:
             on_progress(progress)

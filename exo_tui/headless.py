@@ -137,16 +137,12 @@ def run_chat_on_ranks(
     out: JsonLines | TextOutput,
 ) -> int:
     """The same turn on `--ranks` local runner processes (an MLX ring on 127.0.0.1)."""
+    from engine.loading import run_loading
     from exo_tui.cluster.ranks import start_local_ranks
     from exo_tui.conversation import chat_turn
 
     started = time.perf_counter()
-    loading = start_local_ranks(card, args.strategy, args.ranks)
-    try:
-        while True:
-            out.progress(next(loading))
-    except StopIteration as done:
-        ring = done.value
+    ring = run_loading(start_local_ranks(card, args.strategy, args.ranks), out.progress)
     with ring:
         out.loaded(
             ModelReady(

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from engine.generate import generate
-from engine.loading import load_model_sync
+from engine.loading import load_model_sync, run_loading
 from engine.models import read_card
 from engine.parallel import ShardError, ShardSpec, pipeline_specs, tensor_specs
 from engine.types import (
@@ -85,12 +85,7 @@ def wait_until(predicate: Any, timeout: float) -> bool:
 
 
 def loaded_ring(card: ModelCard, silence_timeout: float = 10.0) -> LocalRing:
-    loading = start_local_ranks(card, "pipeline", 2, silence_timeout=silence_timeout)
-    while True:
-        try:
-            next(loading)
-        except StopIteration as done:
-            return done.value
+    return run_loading(start_local_ranks(card, "pipeline", 2, silence_timeout=silence_timeout))
 
 
 @pytest.fixture(scope="module")

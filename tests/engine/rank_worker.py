@@ -30,7 +30,7 @@ from mlx_lm.sample_utils import make_sampler
 from pydantic import TypeAdapter
 
 from engine.generate import generate
-from engine.loading import LoadedModel, load_model
+from engine.loading import LoadedModel, load_model, run_loading
 from engine.parallel import ShardSpec, load_shard
 from engine.types import ChatRequest, DoneChunk, Frozen, LoadProgress, Message, TextChunk
 
@@ -113,12 +113,7 @@ def run_job(index: int, job: Job, group: mx.distributed.Group | None) -> JobResu
     else:
         loading = load_shard(job.path, job.specs[group.rank()], group)
     progress: list[LoadProgress] = []
-    while True:
-        try:
-            progress.append(next(loading))
-        except StopIteration as done:
-            loaded: LoadedModel = done.value
-            break
+    loaded = run_loading(loading, progress.append)
     gc.collect()
     mx.clear_cache()
     weights = mx.get_active_memory() - before

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from engine.generate import generate
-from engine.loading import LoadedModel, load_model
+from engine.loading import LoadedModel, load_model, run_loading
 from engine.models import bundled_demo_dir, resolve_model
 from engine.types import (
     ChatRequest,
@@ -33,13 +33,8 @@ QUESTION = "what is 12 times 34"
 
 @pytest.fixture(scope="module")
 def demo() -> LoadedModel:
-    loading = load_model(bundled_demo_dir())
     progress: list[LoadProgress] = []
-    try:
-        while True:
-            progress.append(next(loading))
-    except StopIteration as done:
-        loaded: LoadedModel = done.value
+    loaded = run_loading(load_model(bundled_demo_dir()), progress.append)
     assert [(p.layers_loaded, p.total) for p in progress] == [(i, 4) for i in range(1, 5)]
     return loaded
 

@@ -18,7 +18,7 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
-from engine.loading import LoadedModel, load_model_sync, open_lazy, run_loading, transformer_layers
+from engine.loading import load_model_sync, open_lazy, run_loading, transformer_layers
 from engine.models import read_card
 from engine.parallel import (
     ShardError,
@@ -240,14 +240,8 @@ def test_a_ring_of_one_is_the_whole_model(tiny_llama: Path, strategy: str) -> No
     assert group.size() == 1
     card = read_card(tiny_llama)
     spec = ShardSpec(strategy=strategy, start_layer=0, end_layer=card.num_layers)  # type: ignore[arg-type]
-    loading = load_shard(tiny_llama, spec, group)
     reports: list[LoadProgress] = []
-    while True:
-        try:
-            reports.append(next(loading))
-        except StopIteration as done:
-            sharded: LoadedModel = done.value
-            break
+    sharded = run_loading(load_shard(tiny_llama, spec, group), reports.append)
     assert [r.layers_loaded for r in reports] == list(range(1, card.num_layers + 1))
     job = Job(path=str(tiny_llama), turns=TURNS, max_tokens=(20, 5))
     whole = load_model_sync(tiny_llama)
