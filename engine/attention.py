@@ -1,18 +1,20 @@
-"""Attention for MLX's CPU backend, with its softmax in numpy.
+"""Attention for MLX's CPU backend, computed in numpy.
 
 MLX's CPU `exp` costs ~15 ns per element here and its row reductions ~1 ns (numpy: ~1.5 and
 ~0.1, vectorised), so once a chat has a history, softmax is most of a prefill: 10 heads x 96 new
 tokens x 1,362 keys took 24 ms per layer in `mx.fast.scaled_dot_product_attention`. This computes
-the same attention with MLX's matmuls (fast BLAS) around a numpy softmax over each block of
-scores (masked, max, exp and sum in place): ~2x faster than doing those passes in MLX, at the
-same precision.
+the same attention in numpy over MLX's own buffers (the queries and the KV cache are read in
+place, not copied): matmuls in numpy's BLAS, the softmax (masked, max, exp and sum) in place over
+each block of scores. Per layer, 10 heads: 96 new tokens over 1,362 keys 5.3 ms (MLX 24.7),
+10 over 1,266 0.8 ms (MLX 3.1; with MLX's matmuls around a numpy softmax 1.6), at the same
+precision.
 
 `install(model)` routes the model's mlx-lm attention here when MLX runs on the CPU; attention
 sinks, quantized KV caches and the GPU keep mlx-lm's own path. `EXO_TUI_ATTENTION=mlx` turns
 it off.
 """
 # pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false, reportUnknownVariableType=false
-# (mlx-lm ships no type information.)
+# (mlx-lm and threadpoolctl ship no type information.)
 
 from __future__ import annotations
 
@@ -25,45 +27,34 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 # Scores held at once (4 bytes each: 8 MiB); longer prompts are processed in blocks of queries.
-# Each block costs a sync and smaller matmuls: 96 new tokens x 10 heads x 1,362 keys took 14.6 ms
-# a layer in three blocks, 9.0 in one.
 MAX_SCORES = 1 << 21
-# MLX's kernel keeps decoding (one query): this path syncs at every layer, which would stop
-# mlx-lm from building the next step while this one computes. It keeps small blocks too (fewer
-# scores per head than MIN_SCORES_PER_HEAD): their softmax is cheap and the copies to and from
-# numpy cost more than they save. Measured here (10 heads): 4 queries over 1,372 keys 1.1 ms a
-# layer against MLX's 3.6; 16 over 64 the same; 2 over 64 twice as slow.
-MIN_QUERIES = 2
+# Small blocks keep MLX's kernel (fewer scores per head than this): their softmax is cheap, and
+# this path syncs at every layer, which stops mlx-lm from building the next step while this one
+# computes. Past it, decoding too is faster here: one query over 1,256 keys of history 35.8 tok/s
+# against 31.5 with MLX's kernel (the same over 400 keys).
 MIN_SCORES_PER_HEAD = 1024
 _ORIGINAL = "_exo_tui_original_sdpa"
 
 Mask = mx.array | str | None
+Floats = np.ndarray[Any, np.dtype[np.float32]]
 
 
-def _softmax_weights(
-    scores: mx.array, mask: Mask, rows: slice, length: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """exp(scores - row max), masked positions 0, and the row sums: in numpy, in place.
-
-    `scores` is [B, KV heads, repeat, rows, keys] float32."""
-    weights = np.array(scores)
-    keys = weights.shape[-1]
+def _mask_block(scores: Floats, mask: Mask, rows: slice, length: int) -> None:
+    """Apply `mask` to a block of `scores` ([B, KV heads, repeat, rows, keys]) in place."""
     if isinstance(mask, str):  # "causal": query i sees keys up to i + (keys - length)
-        first = rows.start + keys - length  # keys before this are seen by every row
-        tail = weights[..., first:]
+        first = rows.start + scores.shape[-1] - length  # keys before this are seen by every row
+        tail = scores[..., first:]
         hidden = np.triu(np.ones(tail.shape[-2:], dtype=np.bool_), k=1)
         tail[..., hidden] = -np.inf
     elif isinstance(mask, mx.array):
-        block: np.ndarray[Any, np.dtype[Any]] = np.array(mask[..., rows, :])
+        block: np.ndarray[Any, np.dtype[Any]] = np.asarray(mask[..., rows, :])
         if block.dtype == np.bool_:
-            weights[np.broadcast_to(~block, weights.shape)] = -np.inf
+            scores[np.broadcast_to(~block, scores.shape)] = -np.inf
         else:
-            weights += block
-    weights -= weights.max(axis=-1, keepdims=True)
-    np.exp(weights, out=weights)
-    return weights, weights.sum(axis=-1, keepdims=True)
+            scores += block
 
 
 def attention(
@@ -80,19 +71,35 @@ def attention(
         mask = _group_heads(mask, kv_heads, repeat)
         if mask.dtype not in (mx.bool_, mx.float32):
             mask = mask.astype(mx.float32)
+    _numpy_blas_on_one_thread()
+    # numpy reads MLX's buffers in place (evaluating them first): the KV cache is not copied.
+    q_all: Floats = np.asarray(queries.astype(mx.float32))
+    keys_t: Floats = np.asarray(keys.astype(mx.float32)).swapaxes(-1, -2)
+    v_all: Floats = np.asarray(values.astype(mx.float32))
     block = max(1, MAX_SCORES // max(1, batch * heads * key_count))
-    keys_t = keys.swapaxes(-1, -2)
-    outputs: list[mx.array] = []
+    out = np.empty((batch, kv_heads, repeat, length, dim), dtype=np.float32)
     for start in range(0, length, block):
         rows = slice(start, min(length, start + block))
         count = rows.stop - rows.start
-        q = (queries[:, :, rows] * scale).reshape(batch, kv_heads, -1, dim)
-        scores = (q @ keys_t).reshape(batch, kv_heads, repeat, count, key_count)
-        weights, totals = _softmax_weights(scores.astype(mx.float32), mask, rows, length)
-        weighted = mx.array(weights).astype(values.dtype).reshape(batch, kv_heads, -1, key_count)
-        out = (weighted @ values).reshape(batch, kv_heads, repeat, count, dim) / mx.array(totals)
-        outputs.append(out.astype(queries.dtype).reshape(batch, heads, count, dim))
-    return outputs[0] if len(outputs) == 1 else mx.concatenate(outputs, axis=2)
+        q = q_all[:, :, rows].reshape(batch, kv_heads, repeat * count, dim) * np.float32(scale)
+        scores = np.matmul(q, keys_t).reshape(batch, kv_heads, repeat, count, key_count)
+        _mask_block(scores, mask, rows, length)
+        scores -= scores.max(axis=-1, keepdims=True)
+        np.exp(scores, out=scores)
+        totals = scores.sum(axis=-1, keepdims=True)
+        weighted = np.matmul(scores.reshape(batch, kv_heads, repeat * count, key_count), v_all)
+        np.divide(
+            weighted.reshape(batch, kv_heads, repeat, count, dim), totals, out=out[..., rows, :]
+        )
+    return mx.array(out.reshape(batch, heads, length, dim)).astype(queries.dtype)
+
+
+@functools.cache
+def _numpy_blas_on_one_thread() -> None:
+    """numpy's wheels bring their own OpenBLAS; its threads, waiting for work after each of these
+    small matmuls, took the cores from MLX's BLAS: a 10-token step over 1,266 keys of history
+    took 340 ms instead of 58. One thread runs these matmuls on the calling thread."""
+    ThreadpoolController().select(prefix="libscipy_openblas").limit(limits=1)
 
 
 def _group_heads(mask: mx.array, kv_heads: int, repeat: int) -> mx.array:
@@ -134,8 +141,7 @@ def _routed(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
         sinks: mx.array | None = None,
     ) -> mx.array:
         if (
-            queries.shape[2] < MIN_QUERIES
-            or queries.shape[2] * keys.shape[2] < MIN_SCORES_PER_HEAD
+            queries.shape[2] * keys.shape[2] < MIN_SCORES_PER_HEAD
             or sinks is not None
             or hasattr(cache, "bits")
             or not enabled()

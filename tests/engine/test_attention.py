@@ -7,6 +7,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from threadpoolctl import ThreadpoolController
 
 from engine import attention
 from engine.generate import generate
@@ -90,13 +91,13 @@ def test_loaded_models_route_prefill_through_it(tiny_llama: Path) -> None:
     finally:
         attention.attention = original_attention
     # Prefill (all but the last prompt token, which mlx-lm feeds with the first step) goes through
-    # it once per layer; decoding (one query at a time) keeps MLX's kernel.
+    # it once per layer; decoding over a short history (one query a step) keeps MLX's kernel.
     assert calls and all(n == done.usage.prompt_tokens - 1 for n in calls)
     assert len(calls) == loaded.card.num_layers
     assert (done.usage.prompt_tokens - 1) ** 2 >= attention.MIN_SCORES_PER_HEAD
 
 
-def test_a_few_new_tokens_over_a_long_history_go_through_it_and_tiny_blocks_do_not(
+def test_a_few_new_tokens_over_a_long_history_go_through_it_and_small_blocks_do_not(
     tiny_llama: Path,
 ) -> None:
     loaded = load_model_sync(tiny_llama)
@@ -111,13 +112,14 @@ def test_a_few_new_tokens_over_a_long_history_go_through_it_and_tiny_blocks_do_n
 
     attention.attention = counting  # type: ignore[assignment]
     try:
-        for length, keys in [(4, 600), (2, 600), (8, 64), (1, 600)]:
+        for length, keys in [(4, 600), (2, 600), (8, 64), (1, 600), (1, 1100)]:
             q, k, v = random_qkv(length, keys)
             routed(q, k, v, cache=None, scale=0.2, mask="causal" if length > 1 else None)
     finally:
         attention.attention = original_attention
-    # A draft's last words over a long chat: ours. Tiny blocks and decoding: MLX's kernel.
-    assert calls == [(4, 600), (2, 600)]
+    # A draft's last words over a long chat, and decoding over a long one: ours. Small blocks
+    # (fewer than MIN_SCORES_PER_HEAD scores per head): MLX's kernel.
+    assert calls == [(4, 600), (2, 600), (1, 1100)]
 
 
 def test_greedy_tokens_match_mlx_attention(
@@ -135,3 +137,11 @@ def test_greedy_tokens_match_mlx_attention(
     loaded.prompt_cache.clear()
     theirs = [c for c in generate(loaded, request) if isinstance(c, DoneChunk)][0].token_ids
     assert ours == theirs
+
+
+def test_numpys_own_blas_runs_on_the_calling_thread() -> None:
+    # Its idle threads took the cores from MLX's BLAS between these small matmuls (6x slower).
+    q, k, v = random_qkv(4, 600)
+    attention.attention(q, k, v, scale=0.2, mask="causal")
+    numpy_blas = ThreadpoolController().select(prefix="libscipy_openblas").lib_controllers
+    assert numpy_blas and all(lib.num_threads == 1 for lib in numpy_blas)
