@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -12,7 +13,13 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm import stream_generate
 
 from engine.errors import RequestError
-from engine.generate import generate, next_turn_prefix, prefill_next_turn, render_prompt
+from engine.generate import (
+    SINGLE_PASS_TOKENS,
+    generate,
+    next_turn_prefix,
+    prefill_next_turn,
+    render_prompt,
+)
 from engine.loading import LoadedModel, load_model, load_model_sync, run_loading
 from engine.types import (
     ChatRequest,
@@ -219,6 +226,64 @@ def test_edited_turn_reuses_the_longest_common_prefix(loaded: LoadedModel) -> No
     again = done_of(generate(loaded, edited))
     assert again.usage.cached_tokens == len(b) - 1
     assert again.token_ids == done.token_ids
+
+
+class CountingModel:
+    """The model, recording how many tokens each forward pass takes."""
+
+    def __init__(self, model: object) -> None:
+        self.wrapped = model
+        self.lengths: list[int] = []
+
+    def __call__(self, inputs: mx.array, cache: object = None, **kwargs: object) -> mx.array:
+        self.lengths.append(inputs.shape[1])
+        return self.wrapped(inputs, cache=cache, **kwargs)  # type: ignore[operator]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.wrapped, name)
+
+
+def test_a_short_rest_of_the_prompt_takes_one_pass_with_the_first_token(
+    loaded: LoadedModel,
+) -> None:
+    loaded.prompt_cache.clear()
+    counting = CountingModel(loaded.model)
+    counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
+    history = earlier_turn()
+    message = "And how does tensor parallel split every layer?"
+    prefill_next_turn(counted, history, draft=message)
+    final = chat(message, *history.messages, max_tokens=6)
+    counting.lengths.clear()
+    done = done_of(generate(counted, final))
+    rest = done.usage.prompt_tokens - done.usage.cached_tokens
+    assert 1 < rest <= SINGLE_PASS_TOKENS
+    # mlx-lm would prefill rest - 1 tokens, then step the last one: two passes over the weights.
+    # Then each of the 6 tokens is fed once (the last one too: the next turn's cache holds it).
+    assert counting.lengths == [rest] + [1] * 6
+    # Same tokens as a cold start of the same turn.
+    loaded.prompt_cache.clear()
+    assert done_of(generate(loaded, final)).token_ids == done.token_ids
+
+
+def test_stopping_at_the_first_token_of_one_pass_keeps_the_cache_true(
+    loaded: LoadedModel,
+) -> None:
+    loaded.prompt_cache.clear()
+    history = earlier_turn()
+    message = "And how does tensor parallel split every layer?"
+    prefill_next_turn(loaded, history, draft=message)
+    final = chat(message, *history.messages, max_tokens=1)
+    done = done_of(generate(loaded, final))
+    assert done.finish_reason == "length" and len(done.token_ids) == 1
+    # The first token came out of the single pass before it was fed: the cache holds the prompt.
+    prompt = render_prompt(loaded, final)
+    cache, rest = loaded.prompt_cache.take(loaded.model, prompt + list(done.token_ids) + [5])
+    assert rest == [*done.token_ids, 5]
+    assert cache[0].offset == len(prompt)
+    longer = done_of(generate(loaded, final.model_copy(update={"max_tokens": 8})))
+    loaded.prompt_cache.clear()
+    cold = done_of(generate(loaded, final.model_copy(update={"max_tokens": 8})))
+    assert longer.token_ids == cold.token_ids and longer.token_ids[0] == done.token_ids[0]
 
 
 def test_kept_cache_holds_prompt_and_generated_tokens(loaded: LoadedModel) -> None:
