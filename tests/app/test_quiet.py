@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
+from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.widgets import quiet
+from tests.app.helpers import fixed_stats
 
 pytestmark = pytest.mark.anyio
 
@@ -38,3 +42,11 @@ async def test_equal_content_does_not_redraw_and_a_change_does() -> None:
         quiet.show(static, Text("a table"), key=("table", 1))
         quiet.show(static, Text("a table"), key=("table", 1))
         assert static.updates == 4
+
+
+async def test_an_idle_app_animates_nothing(tmp_path: Path) -> None:
+    # A hidden progress bar without a total animated: a timer 15 times a second for nothing.
+    app = ExoTuiApp(models_dirs=[tmp_path], chat_db=tmp_path / "chats.db", node_stats=fixed_stats())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert [w for w in app.screen.walk_children() if w.auto_refresh] == []

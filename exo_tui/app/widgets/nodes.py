@@ -67,7 +67,9 @@ class NodeCard(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(id="node-text")
-        yield ProgressBar(show_eta=False, id="node-load")
+        # A total from the start: without one the bar is indeterminate and animates 15 times a
+        # second even while hidden, a redraw of the screen each time.
+        yield ProgressBar(total=1, show_eta=False, id="node-load")
 
     def on_mount(self) -> None:
         self.show(self.node)
