@@ -8,7 +8,6 @@ back as messages; chats are written to the store as they happen.
 from __future__ import annotations
 
 import asyncio
-import gc
 import queue
 import threading
 import time
@@ -32,6 +31,7 @@ from engine.errors import EngineError
 from engine.generate import CancelToken, prefill_next_turn
 from engine.loading import LoadedModel
 from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, TextChunk
+from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.keymap import KeymapError, load_keymap
 from exo_tui.app.screens.chats import ChatsScreen
@@ -194,6 +194,7 @@ class ExoTuiApp(App[None]):
             self.dispatch(NodesChosen(node_ids=(self.local_id,)))
             self.run_worker(self._serve_cluster(self._cluster), group="cluster", exclusive=True)
         self.query_one(PromptInput).focus()
+        self.call_after_refresh(garbage.settle)
 
     async def _serve_cluster(self, setup: ClusterSetup) -> None:
         """This app as a node of the cluster: peers' stats and losses go into the state."""
@@ -592,6 +593,7 @@ class ExoTuiApp(App[None]):
     @on(ModelLoaded)
     def _model_loaded(self, message: ModelLoaded) -> None:
         self.loaded = message.loaded
+        garbage.settle()
         self.notify(f"{message.loaded.card.name} is ready. Ask away.")
 
     def action_unload(self) -> None:
@@ -608,7 +610,7 @@ class ExoTuiApp(App[None]):
         if self.loaded is not None:
             self.loaded.unload()
             self.loaded = None
-            gc.collect()
+            garbage.settle()
         self.dispatch(Unloaded(node_id=self.local_id))
         self.dispatch(InstanceCleared())
 
@@ -651,15 +653,12 @@ class ExoTuiApp(App[None]):
             for message in opening:
                 self._remember(message)
         self._remember(user)
-        pane = self.query_one(ChatPane)
-        await pane.add_user(event.text)
-        self._answer = await pane.start_answer()
+        # Generation starts before the turn is on screen: mounting it overlaps the prefill.
+        self._answer, shown = self.query_one(ChatPane).add_turn(event.text)
         self._generating = True
         self._cancel = threading.Event()
         self._prefill_cancel.set()  # stop prefilling for this turn: it is here
         self._prefill_cancel = threading.Event()
-        for node_id in self._serving_nodes():
-            self.dispatch(GenerationStarted(node_id=node_id))
         request = ChatRequest(
             messages=tuple(self.messages),
             tools=self.tools.specs,
@@ -667,6 +666,9 @@ class ExoTuiApp(App[None]):
             temperature=0.0,
         )
         self._generate(answerer, request, self._answer, self._cancel)
+        for node_id in self._serving_nodes():
+            self.dispatch(GenerationStarted(node_id=node_id))
+        await shown
 
     def _history_before_prompt(self) -> tuple[Message, ...]:
         """The messages the next prompt follows: a new chat starts with the system prompt."""

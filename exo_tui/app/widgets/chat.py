@@ -279,8 +279,9 @@ class AnswerView(_SizedByTheLayout, Widget):
                 await self._end_part()
                 await self._add(ErrorLine(message))
             case DoneChunk():
-                await self._end_part()
-                await self._add(StatsLine(chunk))
+                with self.app.batch_update():  # the final text and the stats: one redraw
+                    await self._end_part()
+                    await self._add(StatsLine(chunk))
 
     async def on_answer_view_feed(self, message: Feed) -> None:
         for event in message.events:
@@ -427,9 +428,16 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         await self._append(answer)
         return answer
 
-    def _append(self, widget: Widget) -> AwaitMount:
+    def add_turn(self, text: str) -> tuple[AnswerView, AwaitMount]:
+        """What the user sent and the answer to come, mounted together (one layout, not two).
+
+        The answer takes chunks at once: they wait in its queue until it is mounted."""
+        answer = AnswerView()
+        return answer, self._append(UserMessage(text), answer)
+
+    def _append(self, *widgets: Widget) -> AwaitMount:
         follow = self.following
-        mounted = self._log.mount(widget)
+        mounted = self._log.mount_all(widgets)
         if follow:
             self.scroll_end(animate=False)
         return mounted
