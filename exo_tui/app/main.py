@@ -645,27 +645,30 @@ class ExoTuiApp(App[None]):
         if self._generating:
             self.notify("Still answering; Esc stops it.")
             return
+        # The engine starts first: storing the turn and putting it on screen overlap its prefill.
         user = Message(role="user", content=event.text)
+        opening = self._history_before_prompt() if self.chat is None else ()
+        earlier = opening or tuple(self.messages)
+        request = ChatRequest(
+            messages=(*earlier, user),
+            tools=self.tools.specs,
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+        )
+        self._answer = AnswerView()
+        self._generating = True
+        self._cancel = threading.Event()
+        self._prefill_cancel.set()  # stop prefilling for this turn: it is here
+        self._prefill_cancel = threading.Event()
+        self._generate(answerer, request, self._answer, self._cancel)
+        await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
         if self.chat is None and self.store is not None:
-            opening = self._history_before_prompt()
             self.chat = self.store.create_chat(card.name)
             self.messages = []
             for message in opening:
                 self._remember(message)
         self._remember(user)
-        # Generation starts before the turn is on screen: mounting it overlaps the prefill.
-        self._answer, shown = self.query_one(ChatPane).add_turn(event.text)
-        self._generating = True
-        self._cancel = threading.Event()
-        self._prefill_cancel.set()  # stop prefilling for this turn: it is here
-        self._prefill_cancel = threading.Event()
-        request = ChatRequest(
-            messages=tuple(self.messages),
-            tools=self.tools.specs,
-            max_tokens=self.max_tokens,
-            temperature=0.0,
-        )
-        self._generate(answerer, request, self._answer, self._cancel)
+        shown = self.query_one(ChatPane).add_turn(event.text, self._answer)
         for node_id in self._serving_nodes():
             self.dispatch(GenerationStarted(node_id=node_id))
         await shown

@@ -428,12 +428,11 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         await self._append(answer)
         return answer
 
-    def add_turn(self, text: str) -> tuple[AnswerView, AwaitMount]:
-        """What the user sent and the answer to come, mounted together (one layout, not two).
+    def add_turn(self, text: str, answer: AnswerView) -> AwaitMount:
+        """What the user sent and its answer, mounted together (one layout, not two).
 
-        The answer takes chunks at once: they wait in its queue until it is mounted."""
-        answer = AnswerView()
-        return answer, self._append(UserMessage(text), answer)
+        The answer takes chunks before it is mounted: they wait in its queue."""
+        return self._append(UserMessage(text), answer)
 
     def _append(self, *widgets: Widget) -> AwaitMount:
         follow = self.following
