@@ -155,16 +155,27 @@ def main() -> None:
             gaps.append(gap)
             print(
                 f"round {round_ + 1}: headless {anchor[-1]:.0f} tok/s, app {watching[-1]:.0f} "
-                f"tok/s, app while typing {tps:.0f} tok/s, longest key gap {gap * 1000:.1f} ms",
+                f"tok/s ({watching[-1] / anchor[-1]:.2f}x), app while typing {tps:.0f} tok/s, "
+                f"longest key gap {gap * 1000:.1f} ms",
                 flush=True,
             )
     a, b, c = (statistics.median(x) for x in (anchor, watching, typing))
+    # Each round runs headless then through the app back to back: the ratio of each round is
+    # measured under the same load of this (shared) machine; its median is the figure.
+    watching_ratio = statistics.median(w / h for w, h in zip(watching, anchor, strict=True))
+    typing_ratio = statistics.median(t / h for t, h in zip(typing, anchor, strict=True))
     print()
-    print(f"model {model.name}, {args.tokens} tokens, {args.rounds} rounds (medians)")
+    print(
+        f"model {model.name}, {args.tokens} tokens, {args.rounds} rounds "
+        "(tok/s: medians; ratio: median of the rounds' ratios)"
+    )
     print("| figure | headless (anchor) | through the app | ratio | target |")
     print("|---|---|---|---|---|")
-    print(f"| tok/s, send to done, user watching | {a:.0f} | {b:.0f} | {b / a:.2f}x | ≥ 0.95x |")
-    print(f"| tok/s, send to done, user typing | {a:.0f} | {c:.0f} | {c / a:.2f}x | |")
+    print(
+        f"| tok/s, send to done, user watching | {a:.0f} | {b:.0f} | {watching_ratio:.2f}x "
+        "| ≥ 0.95x |"
+    )
+    print(f"| tok/s, send to done, user typing | {a:.0f} | {c:.0f} | {typing_ratio:.2f}x | |")
     print(
         f"| longest key-to-screen gap while streaming | | {max(gaps) * 1000:.1f} ms | | < 50 ms |"
     )

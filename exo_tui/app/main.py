@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -34,6 +35,7 @@ from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk,
 from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.keymap import KeymapError, load_keymap
+from exo_tui.app.pacing import RedrawPacer, thread_cpu_clock
 from exo_tui.app.screens.chats import ChatsScreen
 from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
 from exo_tui.app.screens.help import HelpScreen
@@ -77,12 +79,13 @@ from exo_tui.store.paths import config_dir, data_dir
 from exo_tui.tools import builtin_registry
 
 CONTEXT_LENGTH = 4096
-# Streamed text reaches the screen at most this often. Each redraw costs the engine time on a
-# small machine (measured on 2 cores, tok/s through the app against headless: 0.77x at 1/8 s,
-# 0.89x at 1/4 s, 0.96x at 1/2 s); four a second still reads as a live stream.
-STREAM_INTERVAL = 1 / 4
 # Seconds without a key press before the typed message is prefilled: between bursts of typing.
 DRAFT_PREFILL_DELAY = 0.3
+# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The
+# engine's thread needs it for a moment each token, between computations that run without it;
+# while the screen redraws it waited up to 5 ms each time: tok/s through the app against
+# headless, 8 paired rounds on 2 cores: 0.89x at 5 ms, 0.96x at 1 ms, 0.96x at 0.2 ms.
+GIL_SWITCH_INTERVAL_S = 0.001
 SYSTEM_PROMPT = "You are exo-tui's assistant. Use the tools when they help; answer briefly."
 
 
@@ -158,6 +161,8 @@ class ExoTuiApp(App[None]):
         self.messages: list[Message] = []
         self._answer: AnswerView | None = None
         self._cancel = threading.Event()
+        self._switch_interval = sys.getswitchinterval()  # put back when the app ends
+        self._screen_cpu: Callable[[], float] | None = None  # paces streamed text (on mount)
         # One generation or next-turn prefill at a time on the model.
         self._engine_lock = threading.Lock()
         self._prefill_cancel = threading.Event()
@@ -183,6 +188,8 @@ class ExoTuiApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+        self._screen_cpu = thread_cpu_clock(threading.current_thread())
         self.query_one("#chat", Vertical).border_title = "Chat"
         self._apply_keymap()
         self.dispatch(NodeSeen(stats=self._node_stats(()), at=time.time()))
@@ -742,7 +749,7 @@ class ExoTuiApp(App[None]):
         """Stream one turn into `answer`; the messages it added, None when it failed."""
         turn = chat_turn(answerer, request, self.tools, cancel)
         pending: list[TurnEvent] = []
-        flushed = time.monotonic()
+        pacer = RedrawPacer(self._screen_cpu)
         try:
             while True:
                 try:
@@ -751,16 +758,14 @@ class ExoTuiApp(App[None]):
                     answer.post_message(AnswerView.Feed(pending))
                     self.post_message(TurnEnded(done.value))
                     return done.value
-                # Tokens arrive faster than a screen redraws: text goes in batches, at most every
-                # STREAM_INTERVAL seconds; anything else at once.
+                # Tokens arrive faster than a screen redraws: text goes in paced batches (the
+                # first at once); anything else at once.
                 coalesce(pending, event)
                 now = time.monotonic()
-                if (
-                    not isinstance(event, TextChunk | ReasoningChunk)
-                    or now - flushed >= STREAM_INTERVAL
-                ):
+                if not isinstance(event, TextChunk | ReasoningChunk) or pacer.due(now):
                     answer.post_message(AnswerView.Feed(pending))
-                    pending, flushed = [], now
+                    pending = []
+                    pacer.sent(now)
         except EngineError as error:
             self.post_message(TurnEnded([], error=str(error)))
         except Exception as error:  # the app keeps running, the chat keeps its history
@@ -824,6 +829,7 @@ class ExoTuiApp(App[None]):
         self.notify("Copied the last answer.")
 
     def on_unmount(self) -> None:
+        sys.setswitchinterval(self._switch_interval)
         # Quitting mid-answer: let the generation thread stop at its next token.
         self._cancel.set()
         self.workers.cancel_group(self, "load")
