@@ -201,7 +201,7 @@ class ExoTuiApp(App[None]):
             self.dispatch(NodesChosen(node_ids=(self.local_id,)))
             self.run_worker(self._serve_cluster(self._cluster), group="cluster", exclusive=True)
         self.query_one(PromptInput).focus()
-        self.call_after_refresh(garbage.settle)
+        self.call_after_refresh(garbage.freeze)
 
     async def _serve_cluster(self, setup: ClusterSetup) -> None:
         """This app as a node of the cluster: peers' stats and losses go into the state."""
@@ -600,7 +600,7 @@ class ExoTuiApp(App[None]):
     @on(ModelLoaded)
     def _model_loaded(self, message: ModelLoaded) -> None:
         self.loaded = message.loaded
-        garbage.settle()
+        garbage.freeze()
         self.notify(f"{message.loaded.card.name} is ready. Ask away.")
 
     def action_unload(self) -> None:

@@ -1,9 +1,11 @@
-"""Full garbage collections stay out of the stream: what lives long is frozen, and unfrozen again
-when much of it goes away."""
+"""The engine's thread keeps its pace beside the screen: full garbage collections stay out of
+the stream (what lives long is frozen, and unfrozen again when much of it goes away), and the
+GIL changes hands within a millisecond while the app runs."""
 
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from exo_tui.app import garbage
-from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.main import GIL_SWITCH_INTERVAL_S, ExoTuiApp
 from tests.app.helpers import fixed_stats
 
 pytestmark = pytest.mark.anyio
@@ -47,3 +49,13 @@ async def test_the_app_settles_once_its_screen_is_up(tmp_path: Path) -> None:
         await pilot.pause()
         # Textual's screen, styles and imported code: out of every later full collection.
         assert gc.get_freeze_count() > 10_000
+
+
+async def test_the_gil_changes_hands_sooner_while_the_app_runs(tmp_path: Path) -> None:
+    before = sys.getswitchinterval()
+    app = ExoTuiApp(models_dirs=[tmp_path], chat_db=tmp_path / "chats.db", node_stats=fixed_stats())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_S)
+        assert before > GIL_SWITCH_INTERVAL_S
+    assert sys.getswitchinterval() == pytest.approx(before)
