@@ -76,7 +76,8 @@ def worker_mlx_lm(model: str) -> dict[str, Any]:
     import mlx.core as mx
     from mlx_lm import load, stream_generate
 
-    load_s, (llm, tokenizer) = timed_load(lambda: load(model))
+    load_s, loaded = timed_load(lambda: load(model))
+    llm, tokenizer = loaded[:2]  # load returns a union: the pair, or the pair and the config
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": long_prompt()}], add_generation_prompt=True
     )
@@ -156,6 +157,7 @@ def ten_turn_ttfts(
         history.append(Message(role="system", content="You are exo-tui's helpful assistant."))
     ttfts: list[float] = []
     new_tokens: list[int] = []
+    done: DoneChunk | None = None
     for turn in range(10):
         message = f"Turn {turn}: " + long_prompt()[:160]
         if prefill_while_typing:
@@ -177,6 +179,7 @@ def ten_turn_ttfts(
         history.append(Message(role="assistant", content=answer))
         if prefill_while_typing:
             prefill_next_turn(loaded, request.model_copy(update={"messages": tuple(history)}))
+    assert done is not None
     return {"ttfts": ttfts, "new_tokens": new_tokens, "history_tokens": done.usage.prompt_tokens}
 
 

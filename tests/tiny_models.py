@@ -30,7 +30,7 @@ import json
 import random
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -367,7 +367,7 @@ def _random_weights(
 ) -> dict[str, mx.array]:
     """Normal-initialised weights, scaled so a greedy random model does not get stuck."""
     hidden = config["hidden_size"]
-    params = sorted(tree_flatten(model.parameters()))
+    params = sorted(cast("list[tuple[str, mx.array]]", tree_flatten(model.parameters())))
     keys = mx.random.split(mx.random.key(seed), num=len(params))
     weights: dict[str, mx.array] = {}
     for k, (name, value) in zip(keys, params, strict=True):

@@ -171,6 +171,7 @@ async def test_a_catalogue_model_downloads_with_its_bars_then_is_chosen_and_laun
         assert app.query_one("#download-overall", ProgressBar).percentage == 1.0
         panel = app.query_one(DownloadPanel)
         assert not panel.active and not panel.display
+        assert app.card is not None
         assert app.card.source == "hf_cache"
         assert Path(app.card.path).is_relative_to(cache_folder(REPO))
         assert any(f"{REPO} is downloaded" in n for n in notices(app))

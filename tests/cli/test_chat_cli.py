@@ -62,7 +62,7 @@ def test_json_lines_match_mlx_lm_greedy(tiny_llama: Path) -> None:
     assert set(done) >= {"usage", "stats", "token_ids", "finish_reason"}
 
     # The same prompt by hand: the chat template with the built-in tools `chat` offers.
-    model, tokenizer = load(str(tiny_llama))
+    model, tokenizer = load(str(tiny_llama))[:2]
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}],
         tools=[tool_schema(tool) for tool in BUILTIN_TOOLS],

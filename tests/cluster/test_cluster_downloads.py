@@ -173,6 +173,7 @@ async def test_a_node_killed_while_its_ranks_wait_for_the_others_leaves_no_runne
         placement = await cluster.start_and_place(tasks, card)
         fetches = plan_fetches(placement, card, stats(cluster))
         failure: list[ClusterError] = []
+        waiting: list[psutil.Process] | None = None
 
         async def launch() -> None:
             try:
@@ -189,6 +190,7 @@ async def test_a_node_killed_while_its_ranks_wait_for_the_others_leaves_no_runne
             await cluster.wait(lambda: bool(failure), 10)
             release.set()
         assert "node has" in str(failure[0])
+        assert waiting is not None
         # Its runners notice their node is gone and exit; the other node stops its download.
         await cluster.wait(lambda: not any(p.is_running() for p in waiting), 10)
         await cluster.wait(lambda: not runner_pids(lacks), 10)

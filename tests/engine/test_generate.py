@@ -79,7 +79,7 @@ def test_greedy_tokens_match_plain_mlx_lm(tiny_llama: Path, loaded: LoadedModel)
     done = done_of(generate(loaded, request))
     loaded.prompt_cache.clear()
 
-    model, tokenizer = mlx_lm_load(str(tiny_llama))
+    model, tokenizer = mlx_lm_load(str(tiny_llama))[:2]
     prompt = render_prompt(loaded, request)
     reference = [r.token for r in stream_generate(model, tokenizer, prompt, max_tokens=200)]
     assert list(done.token_ids) == reference

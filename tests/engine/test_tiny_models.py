@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm import load, stream_generate
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from tests.tiny_models import (
     BENCH_LLAMA,
@@ -41,7 +44,10 @@ TOOLS = [
 def test_loads_with_markers_and_a_consistent_index(
     tiny_model: Path, request: pytest.FixtureRequest
 ) -> None:
-    model, tokenizer, config = load(str(tiny_model), return_config=True)
+    model, tokenizer, config = cast(
+        "tuple[nn.Module, TokenizerWrapper, dict[str, Any]]",
+        load(str(tiny_model), return_config=True),
+    )
     assert config["model_type"] == request.node.callspec.params["tiny_model"]
     assert config["vocab_size"] >= len(tokenizer._tokenizer)
     assert set(tokenizer.eos_token_ids) == set(EOS_TOKEN_IDS)
@@ -75,7 +81,7 @@ def test_loads_with_markers_and_a_consistent_index(
 
 
 def test_greedy_decoding_wanders_and_runs_to_max_tokens(tiny_model: Path) -> None:
-    model, tokenizer = load(str(tiny_model))
+    model, tokenizer = load(str(tiny_model))[:2]
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hello! Who are you?"}], add_generation_prompt=True
     )
@@ -112,7 +118,7 @@ def test_special_tokens_are_single_ids_and_round_trip(tiny_llama: Path) -> None:
         assert hf.encode(token, add_special_tokens=False) == [SPECIAL_TOKEN_IDS[token]]
     assert hf.encode("hello world") == hf.encode("hello world", add_special_tokens=False)
 
-    _, tokenizer = load(str(tiny_llama))
+    _, tokenizer = load(str(tiny_llama))[:2]
     text = (
         '<think>\nhmm, 42</think>\n\nSure.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n'
         "</tool_call> café, 日本 {}<|im_end|>"
@@ -127,7 +133,7 @@ def test_special_tokens_are_single_ids_and_round_trip(tiny_llama: Path) -> None:
 
 
 def test_chat_template_tools_tool_calls_and_thinking(tiny_llama: Path) -> None:
-    _, tokenizer = load(str(tiny_llama))
+    _, tokenizer = load(str(tiny_llama))[:2]
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather in Paris and Lyon?"},
@@ -153,8 +159,10 @@ def test_chat_template_tools_tool_calls_and_thinking(tiny_llama: Path) -> None:
     )
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n")
     assert "<tools>\n" + json.dumps(TOOLS[0]) + "\n</tools>" in text
+    tool_parser = tokenizer.tool_parser
+    assert tool_parser is not None
     calls = [
-        tokenizer.tool_parser(part.split("</tool_call>")[0])
+        tool_parser(part.split("</tool_call>")[0])
         for part in text.split("<|im_start|>assistant\n")[1].split("<tool_call>")[1:]
     ]
     assert calls == [
@@ -185,7 +193,8 @@ def test_bench_config_is_about_fifty_million_parameters(tmp_path: Path) -> None:
     kwargs = {k: v for k, v in BENCH_LLAMA.items() if k != "shards"}
     config = model_config("llama", **kwargs)
     model = llama.Model(llama.ModelArgs.from_dict(config))
-    count = sum(p.size for _, p in tree_flatten(model.parameters()))
+    params = cast("list[tuple[str, mx.array]]", tree_flatten(model.parameters()))
+    count = sum(p.size for _, p in params)
     assert 45_000_000 <= count <= 60_000_000
     assert build_tokenizer(tmp_path, BENCH_LLAMA["vocab_size"]) == BENCH_LLAMA["vocab_size"]
 
