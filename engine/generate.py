@@ -1,4 +1,6 @@
 """A chat request in, a stream of typed chunks out: text, reasoning, tool calls, errors, done."""
+# pyright: reportUnknownVariableType=false
+# (mlx-lm ships no type information.)
 
 from __future__ import annotations
 
@@ -7,9 +9,6 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Protocol, cast
 
 import mlx.core as mx
-
-# pyright: reportUnknownVariableType=false
-# (mlx-lm ships no type information.)
 from mlx_lm.generate import generate_step, generation_stream, wired_limit
 from mlx_lm.sample_utils import make_sampler
 

@@ -654,8 +654,7 @@ class ExoTuiApp(App[None]):
             return
         # The engine starts first: storing the turn and putting it on screen overlap its prefill.
         user = Message(role="user", content=event.text)
-        opening = self._history_before_prompt() if self.chat is None else ()
-        earlier = opening or tuple(self.messages)
+        earlier = self._history_before_prompt()
         request = ChatRequest(
             messages=(*earlier, user),
             tools=self.tools.specs,
@@ -672,7 +671,7 @@ class ExoTuiApp(App[None]):
         if self.chat is None and self.store is not None:
             self.chat = self.store.create_chat(card.name)
             self.messages = []
-            for message in opening:
+            for message in earlier:  # the system prompt that opens a chat
                 self._remember(message)
         self._remember(user)
         shown = self.query_one(ChatPane).add_turn(event.text, self._answer)

@@ -243,16 +243,22 @@ class CountingModel:
         return getattr(self.wrapped, name)
 
 
+def typed_then_sent(loaded: LoadedModel, max_tokens: int) -> ChatRequest:
+    """A second turn prefilled as the app does while it is typed (all but its last word); then
+    its request, which leaves that word and the template's end of the turn to prefill."""
+    history = earlier_turn()
+    message = "And how does tensor parallel split every layer?"
+    prefill_next_turn(loaded, history, draft=message)
+    return chat(message, *history.messages, max_tokens=max_tokens)
+
+
 def test_a_short_rest_of_the_prompt_takes_one_pass_with_the_first_token(
     loaded: LoadedModel,
 ) -> None:
     loaded.prompt_cache.clear()
     counting = CountingModel(loaded.model)
     counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
-    history = earlier_turn()
-    message = "And how does tensor parallel split every layer?"
-    prefill_next_turn(counted, history, draft=message)
-    final = chat(message, *history.messages, max_tokens=6)
+    final = typed_then_sent(counted, max_tokens=6)
     counting.lengths.clear()
     done = done_of(generate(counted, final))
     rest = done.usage.prompt_tokens - done.usage.cached_tokens
@@ -269,10 +275,7 @@ def test_stopping_at_the_first_token_of_one_pass_keeps_the_cache_true(
     loaded: LoadedModel,
 ) -> None:
     loaded.prompt_cache.clear()
-    history = earlier_turn()
-    message = "And how does tensor parallel split every layer?"
-    prefill_next_turn(loaded, history, draft=message)
-    final = chat(message, *history.messages, max_tokens=1)
+    final = typed_then_sent(loaded, max_tokens=1)
     done = done_of(generate(loaded, final))
     assert done.finish_reason == "length" and len(done.token_ids) == 1
     # The first token came out of the single pass before it was fed: the cache holds the prompt.
