@@ -22,6 +22,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import mlx.core as mx
@@ -36,25 +37,33 @@ MAX_SCORES = 1 << 21
 # computes. Past it, decoding too is faster here: one query over 1,256 keys of history 35.8 tok/s
 # against 31.5 with MLX's kernel (the same over 400 keys).
 MIN_SCORES_PER_HEAD = 1024
+# From this many scores in a call, the query rows are shared among the cores.
+PARALLEL_SCORES = 1 << 17
 _ORIGINAL = "_exo_tui_original_sdpa"
 
 Mask = mx.array | str | None
 Floats = np.ndarray[Any, np.dtype[np.float32]]
+ScoresMask = np.ndarray[Any, np.dtype[Any]] | str | None
 
 
-def _mask_block(scores: Floats, mask: Mask, rows: slice, length: int) -> None:
+def _mask_block(scores: Floats, mask: ScoresMask, rows: slice, length: int) -> None:
     """Apply `mask` to a block of `scores` ([B, KV heads, repeat, rows, keys]) in place."""
     if isinstance(mask, str):  # "causal": query i sees keys up to i + (keys - length)
         first = rows.start + scores.shape[-1] - length  # keys before this are seen by every row
         tail = scores[..., first:]
-        hidden = np.triu(np.ones(tail.shape[-2:], dtype=np.bool_), k=1)
-        tail[..., hidden] = -np.inf
-    elif isinstance(mask, mx.array):
-        block: np.ndarray[Any, np.dtype[Any]] = np.asarray(mask[..., rows, :])
+        tail += _causal_bias(*tail.shape[-2:])
+    elif mask is not None:
+        block = mask[..., rows, :]
         if block.dtype == np.bool_:
             scores[np.broadcast_to(~block, scores.shape)] = -np.inf
         else:
             scores += block
+
+
+@functools.lru_cache(maxsize=32)
+def _causal_bias(rows: int, keys: int) -> Floats:
+    """-inf above the diagonal: row i sees keys 0..i (an add costs a tenth of a masked store)."""
+    return np.triu(np.full((rows, keys), -np.inf, dtype=np.float32), k=1)
 
 
 def attention(
@@ -71,6 +80,8 @@ def attention(
         mask = _group_heads(mask, kv_heads, repeat)
         if mask.dtype not in (mx.bool_, mx.float32):
             mask = mask.astype(mx.float32)
+    # In numpy before the shares start: MLX's streams belong to the thread that made them.
+    scores_mask: ScoresMask = np.asarray(mask) if isinstance(mask, mx.array) else mask
     _numpy_blas_on_one_thread()
     # numpy reads MLX's buffers in place (evaluating them first): the KV cache is not copied.
     q_all: Floats = np.asarray(queries.astype(mx.float32))
@@ -78,20 +89,55 @@ def attention(
     v_all: Floats = np.asarray(values.astype(mx.float32))
     block = max(1, MAX_SCORES // max(1, batch * heads * key_count))
     out = np.empty((batch, kv_heads, repeat, length, dim), dtype=np.float32)
-    for start in range(0, length, block):
-        rows = slice(start, min(length, start + block))
-        count = rows.stop - rows.start
-        q = q_all[:, :, rows].reshape(batch, kv_heads, repeat * count, dim) * np.float32(scale)
-        scores = np.matmul(q, keys_t).reshape(batch, kv_heads, repeat, count, key_count)
-        _mask_block(scores, mask, rows, length)
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        totals = scores.sum(axis=-1, keepdims=True)
-        weighted = np.matmul(scores.reshape(batch, kv_heads, repeat * count, key_count), v_all)
-        np.divide(
-            weighted.reshape(batch, kv_heads, repeat, count, dim), totals, out=out[..., rows, :]
-        )
+
+    def attend(rows: slice) -> None:
+        for start in range(rows.start, rows.stop, block):
+            part = slice(start, min(rows.stop, start + block))
+            count = part.stop - part.start
+            q = q_all[:, :, part].reshape(batch, kv_heads, repeat * count, dim) * np.float32(scale)
+            scores = np.matmul(q, keys_t).reshape(batch, kv_heads, repeat, count, key_count)
+            _mask_block(scores, scores_mask, part, length)
+            scores -= scores.max(axis=-1, keepdims=True)
+            np.exp(scores, out=scores)
+            totals = scores.sum(axis=-1, keepdims=True)
+            weighted = np.matmul(scores.reshape(batch, kv_heads, repeat * count, key_count), v_all)
+            np.divide(
+                weighted.reshape(batch, kv_heads, repeat, count, dim), totals, out=out[..., part, :]
+            )
+
+    shares = _shares(length, batch * heads * length * key_count)
+    # numpy lets go of the GIL in its matmuls and loops: the shares run at once, one a core.
+    others = [_pool().submit(attend, rows) for rows in shares[1:]]
+    attend(shares[0])
+    for other in others:
+        other.result()
     return mx.array(out.reshape(batch, heads, length, dim)).astype(queries.dtype)
+
+
+def _shares(length: int, scores: int) -> list[slice]:
+    """The query rows each core takes: one share for a small block (a thread's hand-off costs
+    more than it saves), else one per core, as even as rows allow."""
+    count = min(length, _cores()) if scores >= PARALLEL_SCORES else 1
+    bounds = [length * i // count for i in range(count + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+@functools.cache
+def _cores() -> int:
+    """The cores this process may use: its share when several ranks run on one machine (they
+    set OPENBLAS_NUM_THREADS), else every core it can run on."""
+    share = os.environ.get("OPENBLAS_NUM_THREADS", "")
+    if share.isdigit() and int(share) > 0:
+        return int(share)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS
+        return max(1, os.cpu_count() or 1)
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=max(1, _cores() - 1), thread_name_prefix="attention")
 
 
 @functools.cache

@@ -229,37 +229,44 @@ def generate(
     detokenizer: Any = tokenizer.detokenizer
     detokenizer.reset()
     decode_started = 0.0
-    with wired_limit(loaded.model, cast(Any, [generation_stream])):
-        tokens = sampled_tokens(loaded.model, rest, cache, sampler, max_tokens)
-        prefill_started = time.perf_counter()
-        for token in tokens:
-            if not token_ids:
-                decode_started = time.perf_counter()
-                ttft = decode_started - started
-                prefill_tps = len(rest) / (decode_started - prefill_started)
-            token_ids.append(token)
-            decode_tps = len(token_ids) / max(time.perf_counter() - decode_started, 1e-9)
-            # As mlx-lm's stream_generate: the end-of-sequence token is kept but not shown.
-            if token in eos:
-                detokenizer.finalize()
-            else:
-                detokenizer.add_token(token)
-                if len(token_ids) == max_tokens:
-                    detokenizer.finalize()
-                    finish = "length"
-            for chunk in parser.feed(token, detokenizer.last_segment):
-                tool_calls += isinstance(chunk, ToolCallChunk)
-                yield chunk
-            if token in eos or finish == "length":
-                break
-            if cancel.is_set():
-                finish = "cancelled"
-                break
 
-    # The cache now holds the prompt and every token generated (each was fed before it came out),
-    # unless generation stopped at the first token of a single pass.
-    fed = token_ids[:-1] if in_one_pass(rest) and len(token_ids) == 1 else token_ids
-    loaded.prompt_cache.keep(prompt + fed, cache)
+    def kept() -> None:
+        # The cache holds the prompt and every token generated (each was fed before it came
+        # out), unless generation stopped at the first token of a single pass.
+        fed = token_ids[:-1] if in_one_pass(rest) and len(token_ids) == 1 else token_ids
+        loaded.prompt_cache.keep(prompt + fed, cache)
+
+    try:
+        with wired_limit(loaded.model, cast(Any, [generation_stream])):
+            tokens = sampled_tokens(loaded.model, rest, cache, sampler, max_tokens)
+            prefill_started = time.perf_counter()
+            for token in tokens:
+                if not token_ids:
+                    decode_started = time.perf_counter()
+                    ttft = decode_started - started
+                    prefill_tps = len(rest) / (decode_started - prefill_started)
+                token_ids.append(token)
+                decode_tps = len(token_ids) / max(time.perf_counter() - decode_started, 1e-9)
+                # As mlx-lm's stream_generate: the end-of-sequence token is kept but not shown.
+                if token in eos:
+                    detokenizer.finalize()
+                else:
+                    detokenizer.add_token(token)
+                    if len(token_ids) == max_tokens:
+                        detokenizer.finalize()
+                        finish = "length"
+                for chunk in parser.feed(token, detokenizer.last_segment):
+                    tool_calls += isinstance(chunk, ToolCallChunk)
+                    yield chunk
+                if token in eos or finish == "length":
+                    break
+                if cancel.is_set():
+                    finish = "cancelled"
+                    break
+    except GeneratorExit:  # the caller stopped listening: the cache was taken out, put it back
+        kept()
+        raise
+    kept()
     for chunk in parser.finish():
         if isinstance(chunk, ErrorChunk) and finish == "stop":
             finish = "error"
@@ -321,19 +328,23 @@ def prefill_next_turn(
     """Prefill the conversation as the next turn will see it (with the next message as far as
     `draft` goes), so that turn's TTFT covers only what is not typed yet; meant for the time
     the user spends reading and typing. Returns the tokens prefilled (0 when the prompt cache
-    already held them or `cancel` came first)."""
+    already held them); `cancel` stops it between steps, and what it prefilled is kept."""
     cancel = cancel or NeverCancelled()
     prefix = next_turn_prefix(loaded, request, draft)
     if len(prefix) < 2:
         return 0
+    if loaded.prompt_cache.reusable(prefix) >= len(prefix) - 1:
+        return 0  # all cached already (a take would give one token back to feed)
     cache, rest = loaded.prompt_cache.take(loaded.model, prefix)
-    if len(rest) <= 1:  # all cached already (take gives one token back to feed)
-        return 0
+    held = len(prefix) - len(rest)
     model: Any = loaded.model
     for start in range(0, len(rest), PREFILL_CHUNK):
         if cancel.is_set():
-            return 0
-        model(mx.array(rest[start : start + PREFILL_CHUNK])[None], cache=cache)
+            break
+        chunk = rest[start : start + PREFILL_CHUNK]
+        model(mx.array(chunk)[None], cache=cache)
         mx.eval([c.state for c in cache])  # pyright: ignore[reportUnknownMemberType]
-    loaded.prompt_cache.keep(prefix, cache)
-    return len(rest)
+        held += len(chunk)
+    if held:  # what the cache holds goes back (take took it out), a cancelled prefill's too
+        loaded.prompt_cache.keep(prefix[:held], cache)
+    return held - (len(prefix) - len(rest))

@@ -50,8 +50,8 @@ async def test_the_next_turn_is_prefilled_after_an_answer(tiny_llama: Path, tmp_
         prefix = next_turn_prefix(loaded, history)
         # The prefill runs in the answer's worker after the turn: wait for it to be stored.
         await wait_until(pilot, lambda: not app.workers or all(w.is_finished for w in app.workers))
-        cache, rest = loaded.prompt_cache.take(loaded.model, prefix)
-        assert len(rest) == 1  # all of it is cached (one token is given back to feed)
+        assert loaded.prompt_cache.reusable(prefix) == len(prefix) - 1  # all of it (a take
+        # gives one token back to feed)
         await pilot.press(*"and again", "enter")
         await wait_until(pilot, lambda: len(app.query(StatsLine)) == 2 and not app._generating)
         done = app.query(StatsLine).last().done
@@ -75,7 +75,7 @@ async def test_a_message_being_typed_is_prefilled_at_each_pause(
         # A pause in the typing: the message so far is prefilled behind the app's back.
         history = ChatRequest(messages=app._history_before_prompt(), tools=app.tools.specs)
         prefix = next_turn_prefix(loaded, history, draft)
-        await wait_until(pilot, lambda: len(loaded.prompt_cache.take(loaded.model, prefix)[1]) == 1)
+        await wait_until(pilot, lambda: loaded.prompt_cache.reusable(prefix) == len(prefix) - 1)
         await pilot.press(*message[len(draft) :], "enter")
         await wait_until(pilot, lambda: bool(app.query(StatsLine)) and not app._generating)
         done = app.query(StatsLine).last().done

@@ -58,6 +58,29 @@ def test_long_prompts_run_in_blocks_of_queries(monkeypatch: pytest.MonkeyPatch) 
     assert max_difference(attention.attention(q, k, v, scale=0.2, mask="causal"), expected) < 1e-5
 
 
+@pytest.mark.parametrize("mask", ["causal", "boolean", None])
+def test_shared_among_cores_it_computes_the_same(
+    monkeypatch: pytest.MonkeyPatch, mask: str | None
+) -> None:
+    monkeypatch.setattr(attention, "PARALLEL_SCORES", 0)  # every block is shared
+    monkeypatch.setattr(attention, "_cores", lambda: 3)
+    q, k, v = random_qkv(37, 300)
+    chosen = mx.random.uniform(shape=(37, 300)) > 0.3 if mask == "boolean" else mask
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask=chosen)
+    got = attention.attention(q, k, v, scale=0.2, mask=chosen)
+    assert max_difference(got, expected) < 1e-5
+
+
+def test_large_blocks_are_shared_among_the_cores_and_small_ones_are_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(attention, "_cores", lambda: 2)
+    big, small = attention.PARALLEL_SCORES, attention.PARALLEL_SCORES - 1
+    assert attention._shares(96, big) == [slice(0, 48), slice(48, 96)]
+    assert attention._shares(96, small) == [slice(0, 96)]
+    assert attention._shares(1, big) == [slice(0, 1)]  # one query: nothing to share
+
+
 def test_half_precision_keeps_its_dtype() -> None:
     q, k, v = random_qkv(33, 33, dtype=mx.bfloat16)
     expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask="causal")
