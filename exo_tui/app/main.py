@@ -662,7 +662,7 @@ class ExoTuiApp(App[None]):
             temperature=0.0,
         )
         self._answer = AnswerView()
-        self._generating = True
+        self._set_generating(True)
         self._cancel = threading.Event()
         self._prefill_cancel.set()  # stop prefilling for this turn: it is here
         self._prefill_cancel = threading.Event()
@@ -773,7 +773,7 @@ class ExoTuiApp(App[None]):
 
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:
-        self._generating = False
+        self._set_generating(False)
         for added in message.added:
             self._remember(added)
         if message.error:
@@ -781,9 +781,15 @@ class ExoTuiApp(App[None]):
         for node_id in self._serving_nodes():
             self.dispatch(GenerationFinished(node_id=node_id))
 
+    def _set_generating(self, generating: bool) -> None:
+        self._generating = generating
+        # A steady cursor while an answer streams: every blink redraws the prompt, and on a
+        # small machine the engine pays for each redraw (the same cores, the same GIL).
+        self.query_one(PromptInput).cursor_blink = not generating
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR and event.worker.group in ("chat", "load"):
-            self._generating = False
+            self._set_generating(False)
             self.notify(f"{event.worker.name} failed: {event.worker.error}", severity="error")
 
     def action_new_chat(self) -> None:

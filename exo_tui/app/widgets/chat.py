@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from textual.app import ComposeResult
 from textual.await_complete import AwaitComplete
@@ -13,12 +13,12 @@ from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.css.query import QueryType
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import AwaitMount, Widget
 from textual.widgets import Collapsible, Markdown, Static, TextArea
-from textual.widgets.markdown import MarkdownBlock
+from textual.widgets.markdown import MarkdownBlock, MarkdownStream
 
 from engine.types import (
     Chunk,
@@ -59,9 +59,21 @@ class _SizedByTheLayout:
     and two repaints of the same region (a scrollbar that shows or hides still asks for one,
     through its own reactive). The conversation's widgets skip the second.
 
+    Nor before it is mounted: a Markdown block gets its content, and asks for a layout, before
+    it is mounted; mounting lays it out, and the layout it asked for ran once more after that.
+
     A plain mixin: a Widget subclass would carry Textual's per-class attributes and shadow those
     of the widget it is mixed into.
     """
+
+    def refresh(
+        self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False
+    ) -> Self:
+        mounted: bool = self.is_mounted  # type: ignore[attr-defined]
+        refreshed: Self = super().refresh(  # type: ignore[misc]
+            *regions, repaint=repaint, layout=layout and mounted, recompose=recompose
+        )
+        return refreshed
 
     def _size_updated(
         self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
@@ -87,7 +99,7 @@ class ReasoningView(_SizedByTheLayout, Collapsible):
     Contents = type("Contents", (_SizedByTheLayout, Collapsible.Contents), {})
 
 
-class UserMessage(Static):
+class UserMessage(_SizedByTheLayout, Static):
     """What the user asked, shown as typed (no markup, no Markdown)."""
 
     DEFAULT_CSS = """
@@ -104,7 +116,7 @@ class UserMessage(Static):
         self.text = text
 
 
-class ErrorLine(Static):
+class ErrorLine(_SizedByTheLayout, Static):
     """An error the generation reported."""
 
     DEFAULT_CSS = """
@@ -120,7 +132,7 @@ class ErrorLine(Static):
         self.message = message
 
 
-class StatsLine(Static):
+class StatsLine(_SizedByTheLayout, Static):
     """Timing and token counts of one generation round."""
 
     DEFAULT_CSS = """
@@ -138,7 +150,7 @@ class StatsLine(Static):
         self.set_class(done.finish_reason == "cancelled", "-cancelled")
 
 
-class ToolCallView(Widget):
+class ToolCallView(_SizedByTheLayout, Widget):
     """One tool call: its name, its arguments, whether it ran, and what it returned."""
 
     DEFAULT_CSS = """
@@ -193,17 +205,21 @@ def _compact_json(arguments: dict[str, Any]) -> str:
 class _StreamedPart:
     """One Markdown part of an answer (text or reasoning) while its deltas arrive."""
 
-    def __init__(self, kind: Literal["text", "reasoning"], markdown: Markdown) -> None:
+    def __init__(self, kind: Literal["text", "reasoning"], markdown: Markdown, first: str) -> None:
         self.kind = kind
         self.markdown = markdown
-        self.pieces: list[str] = []
-        self.stream = Markdown.get_stream(markdown)
+        self.pieces: list[str] = [first]  # the markdown was made with its first words
+        self.stream: MarkdownStream | None = None  # from the second delta on
 
     async def write(self, delta: str) -> None:
         self.pieces.append(delta)
+        if self.stream is None:
+            self.stream = Markdown.get_stream(self.markdown)
         await self.stream.write(delta)
 
     async def finish(self) -> None:
+        if self.stream is None:
+            return  # all of it came at once: the markdown was parsed whole when it was made
         # Appends re-parse only the tail of the document, so the final full parse is the truth.
         await self.stream.stop()
         await self.markdown.update("".join(self.pieces))
@@ -261,12 +277,10 @@ class AnswerView(_SizedByTheLayout, Widget):
         match chunk:
             case TextChunk(text=text):
                 if text:
-                    part = await self._start_part("text")
-                    await part.write(text)
+                    await self._write("text", text)
             case ReasoningChunk(text=text):
                 if text:
-                    part = await self._start_part("reasoning")
-                    await part.write(text)
+                    await self._write("reasoning", text)
             case ToolCallChunk():
                 await self._end_part()
                 view = self._tools.get(chunk.id)
@@ -298,22 +312,25 @@ class AnswerView(_SizedByTheLayout, Widget):
             self._add(view)
         view.set_result(result.content, result.ok)
 
-    async def _start_part(self, kind: Literal["text", "reasoning"]) -> _StreamedPart:
+    async def _write(self, kind: Literal["text", "reasoning"], text: str) -> None:
         if self._part is not None and self._part.kind == kind:
-            return self._part
+            await self._part.write(text)
+            return
         await self._end_part()
-        markdown = AnswerMarkdown()
-        if kind == "reasoning":
-            self._reasoning = ReasoningView(markdown, title="reasoning", collapsed=False)
-            await self._add(self._reasoning)
-        else:
-            if self._reasoning is not None:
-                self._reasoning.collapsed = True
-            await self._add(markdown)
-        self._part = _StreamedPart(kind, markdown)
+        # A new part goes on screen with its first words: one layout (the screen's costliest
+        # redraw), not one for the part and one more for its first block.
+        markdown = AnswerMarkdown(text)
+        with self.app.batch_update():
+            if kind == "reasoning":
+                self._reasoning = ReasoningView(markdown, title="reasoning", collapsed=False)
+                await self._add(self._reasoning)
+            else:
+                if self._reasoning is not None:
+                    self._reasoning.collapsed = True
+                await self._add(markdown)
+        self._part = _StreamedPart(kind, markdown, text)
         if kind == "text":
             self._texts.append(self._part.pieces)
-        return self._part
 
     def _add(self, widget: Widget) -> AwaitMount:
         # A round that ended in tool calls has its stats line mid-answer: give it air below.
@@ -383,7 +400,11 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
     @property
     def following(self) -> bool:
         """Is the view at the bottom, so that new content keeps it there?"""
-        return self.is_vertical_scroll_end or (self.is_anchored and not self._anchor_released)
+        return self.is_vertical_scroll_end or self._held_by_anchor
+
+    @property
+    def _held_by_anchor(self) -> bool:
+        return self.is_anchored and not self._anchor_released
 
     def clear(self) -> AwaitRemove:
         """Remove the whole conversation (a new chat)."""
@@ -435,9 +456,10 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         return self._append(UserMessage(text), answer)
 
     def _append(self, *widgets: Widget) -> AwaitMount:
-        follow = self.following
+        # An anchored view follows at layout time; scrolling as well would cost one more.
+        scroll = self.is_vertical_scroll_end and not self._held_by_anchor
         mounted = self._log.mount_all(widgets)
-        if follow:
+        if scroll:
             self.scroll_end(animate=False)
         return mounted
 
