@@ -121,8 +121,10 @@ def worker_engine(model: str) -> dict[str, Any]:
 
     app_chat = ten_turn_ttfts(loaded, with_tools=True)
     bare_chat = ten_turn_ttfts(loaded, with_tools=False)
-    typing_chat = ten_turn_ttfts(loaded, with_tools=False, prefill_while_typing=True)
-    app_typing_chat = ten_turn_ttfts(loaded, with_tools=True, prefill_while_typing=True)
+    typing_chat = ten_turn_ttfts(loaded, with_tools=False, pause=LAST_WORD)
+    app_typing_chat = ten_turn_ttfts(loaded, with_tools=True, pause=LAST_WORD)
+    paused_chat = ten_turn_ttfts(loaded, with_tools=False, pause=BEFORE_SENDING)
+    app_paused_chat = ten_turn_ttfts(loaded, with_tools=True, pause=BEFORE_SENDING)
     return {
         "load_s": load_s,
         "prefill_tps": done.stats.prefill_tps,
@@ -134,18 +136,23 @@ def worker_engine(model: str) -> dict[str, Any]:
         "bare_chat": bare_chat,
         "typing_chat": typing_chat,
         "app_typing_chat": app_typing_chat,
+        "paused_chat": paused_chat,
+        "app_paused_chat": app_paused_chat,
     }
 
 
-def ten_turn_ttfts(
-    loaded: Any, *, with_tools: bool, prefill_while_typing: bool = False
-) -> dict[str, Any]:
+# Where the user's last pause in the typing came (the app prefills the message at each pause).
+LAST_WORD = "before the last word"
+BEFORE_SENDING = "before sending"
+
+
+def ten_turn_ttfts(loaded: Any, *, with_tools: bool, pause: str | None = None) -> dict[str, Any]:
     """TTFT of each turn of a 10-turn chat whose history grows every turn.
 
     `with_tools` sends what the app sends every turn: a system message and the built-in tools.
-    `prefill_while_typing` prefills what the app prefills while the user reads and types (not
-    timed: the user is typing): the history after each answer, then the message up to its last
-    word.
+    With a `pause`, the chat prefills what the app prefills while the user reads and types (not
+    timed: the user is typing): the history after each answer, then the message as far as it
+    was typed at the last pause, as if it were sent then.
     """
     from engine.generate import generate, prefill_next_turn
     from engine.types import ChatRequest, DoneChunk, Message
@@ -160,11 +167,10 @@ def ten_turn_ttfts(
     done: DoneChunk | None = None
     for turn in range(10):
         message = f"Turn {turn}: " + long_prompt()[:160]
-        if prefill_while_typing:
-            # The app prefills the message at each pause in the typing: say the last pause came
-            # before its last word (the engine also leaves out the word being typed then).
+        if pause is not None:
             so_far = ChatRequest(messages=tuple(history), tools=BUILTIN_TOOLS if with_tools else ())
-            prefill_next_turn(loaded, so_far, draft=message[: message.rindex(" ") + 1])
+            typed = message[: message.rindex(" ")] if pause == LAST_WORD else message
+            prefill_next_turn(loaded, so_far, draft=typed)
         history.append(Message(role="user", content=message))
         request = ChatRequest(
             messages=tuple(history),
@@ -177,7 +183,7 @@ def ten_turn_ttfts(
         new_tokens.append(done.usage.prompt_tokens - done.usage.cached_tokens)
         answer = loaded.tokenizer.decode(list(done.token_ids))
         history.append(Message(role="assistant", content=answer))
-        if prefill_while_typing:
+        if pause is not None:
             prefill_next_turn(loaded, request.model_copy(update={"messages": tuple(history)}))
     assert done is not None
     return {"ttfts": ttfts, "new_tokens": new_tokens, "history_tokens": done.usage.prompt_tokens}
@@ -258,8 +264,10 @@ def main() -> None:
     chats = (
         ("app_chat", "system + tools"),
         ("bare_chat", "no system, no tools"),
-        ("typing_chat", "no system, no tools, prefilled while the user types"),
-        ("app_typing_chat", "system + tools, prefilled while the user types, as the app does"),
+        ("typing_chat", "no system, no tools, last pause before the last word"),
+        ("app_typing_chat", "system + tools as the app does, last pause before the last word"),
+        ("paused_chat", "no system, no tools, last pause before sending"),
+        ("app_paused_chat", "system + tools as the app does, last pause before sending"),
     )
     for key, label in chats:
         chats_run = [r[key] for r in engine if key in r]

@@ -442,10 +442,10 @@ def _vocab_size(work: Path) -> int:
 
 def plot(losses: list[list[float]], path: Path) -> None:
     try:
-        import matplotlib
+        import matplotlib  # pyright: ignore[reportMissingImports]  (the train extra)
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # pyright: ignore[reportMissingImports]
     except ImportError:
         print("matplotlib is missing (pip install -e '.[train]'): no loss plot", file=sys.stderr)
         return

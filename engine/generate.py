@@ -156,13 +156,15 @@ def _parser_for(loaded: LoadedModel, request: ChatRequest, prompt: list[int]) ->
 # A rest of the prompt up to this long goes through the model in one pass with the first token's
 # step. mlx-lm prefills all but the last token, then steps that one: two passes over the weights
 # (10 new tokens: 46 + 22 ms here, one pass 48). Past it, the logits of every position that one
-# pass computes cost more than the second pass saves.
+# pass computes cost more than the second pass saves. A rest of one token takes it too: mlx-lm
+# builds and starts the second token's step before it hands out the first, which on the CPU
+# held the first token for most of a second step (one token over 86 keys of history: 72 ms).
 SINGLE_PASS_TOKENS = 32
 Sampler = Callable[[mx.array], mx.array]
 
 
 def in_one_pass(rest: list[int]) -> bool:
-    return 1 < len(rest) <= SINGLE_PASS_TOKENS
+    return 0 < len(rest) <= SINGLE_PASS_TOKENS
 
 
 def sampled_tokens(
@@ -295,21 +297,24 @@ PREFILL_CHUNK = 64  # tokens per step of the next-turn prefill; a cancel waits a
 
 
 def next_turn_prefix(loaded: LoadedModel, request: ChatRequest, draft: str = "") -> list[int]:
-    """The prompt tokens every next turn of this conversation starts with: the history as the
-    chat template will render it then (which can differ from what was generated: templates
-    drop reasoning from earlier answers, and text does not always re-tokenize to the same ids),
-    followed by the next user message as far as `draft` (what is typed so far) settles it: the
-    last word may still grow, which can change how the text before it splits into tokens, so
-    it stays out."""
-    words = draft.split()
-    settled = draft[: len(draft.rstrip()) - len(words[-1])] if words else ""
+    """The prompt tokens the next turn of this conversation is expected to start with.
+
+    Without a `draft`: the history as the chat template will render it then (which can differ
+    from what was generated: templates drop reasoning from earlier answers, and text does not
+    always re-tokenize to the same ids), up to where the next message begins. With one (what
+    the user has typed so far): the whole turn as it would be sent now. When the user types on,
+    the next take trims what no longer matches, in place, so guessing costs nothing.
+    """
+    if draft.strip():
+        sent_now = Message(role="user", content=draft)
+        return render_prompt(
+            loaded, request.model_copy(update={"messages": (*request.messages, sent_now)})
+        )
     renders = [
         render_prompt(
             loaded,
             request.model_copy(
-                update={
-                    "messages": (*request.messages, Message(role="user", content=settled + probe))
-                }
+                update={"messages": (*request.messages, Message(role="user", content=probe))}
             ),
         )
         for probe in _PROBES
@@ -325,10 +330,11 @@ def next_turn_prefix(loaded: LoadedModel, request: ChatRequest, draft: str = "")
 def prefill_next_turn(
     loaded: LoadedModel, request: ChatRequest, cancel: CancelToken | None = None, draft: str = ""
 ) -> int:
-    """Prefill the conversation as the next turn will see it (with the next message as far as
-    `draft` goes), so that turn's TTFT covers only what is not typed yet; meant for the time
-    the user spends reading and typing. Returns the tokens prefilled (0 when the prompt cache
-    already held them); `cancel` stops it between steps, and what it prefilled is kept."""
+    """Prefill the conversation as the next turn will see it (with the next message `draft`
+    as far as it is typed), so that turn's TTFT covers only what is not typed yet; meant for
+    the time the user spends reading and typing. Returns the tokens prefilled (0 when the
+    prompt cache already held them); `cancel` stops it between steps, and what it prefilled
+    is kept."""
     cancel = cancel or NeverCancelled()
     prefix = next_turn_prefix(loaded, request, draft)
     if len(prefix) < 2:

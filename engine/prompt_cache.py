@@ -4,10 +4,13 @@ Built on mlx-lm's `LRUPromptCache` (the server's prefix trie): a request takes t
 longest stored prefix of its prompt, trimmed to the common prefix when an earlier turn was edited
 or regenerated. Entries are bounded in count and bytes; the least recently used go first.
 
-A turn that continues a stored prefix takes that entry itself, not a copy: mlx-lm copies it (so
-the server can serve the same prefix twice), and the copy is made lazily, inside the first
-forward pass: 20 ms of TTFT for the 33 MB cache of 1,256 tokens of a 10-layer model here, where
-the pass itself took 61 ms. The entry would be replaced by the longer one the turn keeps anyway.
+A request takes the stored cache itself, not a copy: mlx-lm copies it (so that its server can
+serve one prefix to many requests), and the copy is made lazily, inside the first forward pass:
+20 ms of TTFT for the 33 MB cache of 1,256 tokens of a 10-layer model here, where the pass
+itself took 61 ms. The entry a turn continues is replaced by the longer one the turn keeps
+anyway; an entry that holds a few tokens more than a request shares with it (a draft prefilled as
+if sent, then typed on) is trimmed in place. One that holds more (another chat, an answer being
+regenerated) is another branch: it is copied, as mlx-lm does, and stays.
 """
 # pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
 # (mlx-lm ships no type information.)
@@ -27,15 +30,16 @@ from mlx_lm.models.cache import (
 # A quarter of this machine's memory at most, and never more than 4 GiB, for kept caches.
 _DEFAULT_MAX_BYTES = min(4 << 30, psutil.virtual_memory().total // 4)
 _MODEL_KEY = "model"
+# Past what a request shares with an entry, at most this many tokens are trimmed away in place.
+TRIM_IN_PLACE_TOKENS = 64
 
 
 class _TakingPromptCache(LRUPromptCache):
-    """mlx-lm's LRU prompt cache that hands out a stored prefix instead of a copy of it."""
+    """mlx-lm's LRU prompt cache that hands out the stored cache itself instead of a copy."""
 
     def nearest(self, model: Any, tokens: list[int]) -> tuple[list[int] | None, int]:
-        """The stored prefix of `tokens` (or `tokens` itself) that `fetch_nearest_cache` would
-        serve them from, and how many of them it reuses; (None, n) when it would trim a longer
-        entry to n tokens; (None, 0) when nothing is stored for them."""
+        """The entry `fetch_nearest_cache` would serve `tokens` from (None: none) and how many
+        of `tokens` it holds."""
         found = self._trie.search(model, tokens)
         if found.exact is not None:
             return found.exact, len(tokens)
@@ -46,21 +50,27 @@ class _TakingPromptCache(LRUPromptCache):
             and found.common_prefix > shorter
             and can_trim_prompt_cache(self._trie.get(model, longer).prompt_cache)
         ):
-            return None, min(len(tokens) - 1, found.common_prefix)
+            return longer, min(len(tokens) - 1, found.common_prefix)
         return (found.shorter, shorter) if found.shorter is not None else (None, 0)
 
     def take_nearest(self, model: Any, tokens: list[int]) -> tuple[list[Any] | None, list[int]]:
-        """As `fetch_nearest_cache`, but a stored prefix of `tokens` (or `tokens` itself) leaves
-        the store and comes back as it is. A longer entry is still copied and trimmed: it stays
-        for the turn it belongs to (a regenerated answer, an edited message)."""
-        key, _ = self.nearest(model, tokens)
-        if key is None or not can_trim_prompt_cache(self._trie.get(model, key).prompt_cache):
+        """As `fetch_nearest_cache`, but the entry leaves the store and comes back itself,
+        trimmed to what `tokens` share with it. A longer branch, or a cache that cannot be
+        trimmed, is copied, as mlx-lm does: it stays for the turn it belongs to."""
+        key, held = self.nearest(model, tokens)
+        if (
+            key is None
+            or len(key) - held > TRIM_IN_PLACE_TOKENS
+            or not can_trim_prompt_cache(self._trie.get(model, key).prompt_cache)
+        ):
             return self.fetch_nearest_cache(model, tokens)
         entry = self._trie.pop(model, key)
         self._lru.remove(model, key)
         self._n_bytes -= entry.nbytes
         self._n_bytes_by_type[entry.cache_type] -= entry.nbytes
-        return entry.prompt_cache, tokens[len(key) :]
+        if len(key) > held:
+            trim_prompt_cache(entry.prompt_cache, len(key) - held)
+        return entry.prompt_cache, tokens[held:]
 
 
 class ConversationCache:
@@ -74,7 +84,7 @@ class ConversationCache:
     def take(self, model: Any, prompt: list[int]) -> tuple[list[Any], list[int]]:
         """A KV cache to continue from and the prompt tokens it does not hold yet (never empty).
 
-        A stored prefix of `prompt` is taken out of the store: `keep` what it holds afterwards."""
+        The cache is taken out of the store: `keep` what it holds afterwards."""
         cache, rest = self._lru.take_nearest(_MODEL_KEY, prompt)
         if cache is not None and not rest:
             # The whole prompt is cached; generation needs one token to feed, so give one back.

@@ -689,12 +689,13 @@ class ExoTuiApp(App[None]):
     def _draft_changed(self, event: PromptInput.Changed) -> None:
         if self._draft_timer is not None:
             self._draft_timer.stop()
-        draft = event.text_area.text
+        draft = self.query_one(PromptInput).message
         self._draft_timer = self.set_timer(DRAFT_PREFILL_DELAY, lambda: self._prefill_draft(draft))
 
     def _prefill_draft(self, draft: str) -> None:
-        """While the user types, prefill their message as far as it is typed (at each pause),
-        so that sending it leaves only the last words to prefill."""
+        """While the user types, prefill their message as far as it is typed, at each pause, as
+        if it were sent then: sending it leaves one token to prefill, or what came after the
+        pause."""
         loaded = self.loaded
         if loaded is None or self._generating or not draft.strip():
             return

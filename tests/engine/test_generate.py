@@ -22,6 +22,7 @@ from engine.generate import (
     render_prompt,
 )
 from engine.loading import LoadedModel, load_model, load_model_sync, run_loading
+from engine.prompt_cache import TRIM_IN_PLACE_TOKENS
 from engine.types import (
     ChatRequest,
     Chunk,
@@ -167,28 +168,45 @@ def earlier_turn() -> ChatRequest:
     )
 
 
-def test_prefilling_a_typed_draft_leaves_only_its_last_word_to_prefill(
-    loaded: LoadedModel,
-) -> None:
+def shared_prefix(first: list[int], second: list[int]) -> int:
+    return next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), 0)
+
+
+def test_prefilling_a_typed_draft_leaves_only_what_came_after_it(loaded: LoadedModel) -> None:
     loaded.prompt_cache.clear()
     history = earlier_turn()
     message = "And how does tensor parallel split every layer across the nodes?"
     draft = message[: message.rindex(" ") + 3]  # typed up to two letters of the last word
     prefilled = prefill_next_turn(loaded, history, draft=draft)
     prefix = next_turn_prefix(loaded, history, draft)
-    assert prefilled == len(prefix)  # nothing was cached: all of it was prefilled
+    # The whole turn as if the draft were sent: nothing was cached, all of it was prefilled.
+    assert prefix == render_prompt(loaded, chat(draft, *history.messages))
+    assert prefilled == len(prefix)
     final = chat(message, *history.messages, max_tokens=6)
     prompt = render_prompt(loaded, final)
-    # The prefix stops before the word still being typed, and the final prompt starts with it.
-    assert prompt[: len(prefix)] == prefix
-    settled = draft[: draft.rindex(" ", 0, draft.rindex(" "))]  # all but the last two words
-    assert len(prefix) >= len(render_prompt(loaded, chat(settled, *history.messages))) - 8
     done = done_of(generate(loaded, final))
-    assert done.usage.cached_tokens == len(prefix)
-    # Of the new message, only its last words (and the template's end) were left to prefill.
+    # What the draft and the message share was cached; the guessed end of the turn was not.
+    assert done.usage.cached_tokens == shared_prefix(prefix, prompt)
+    settled = draft[: draft.rindex(" ")]  # all but the word being typed
+    assert (
+        done.usage.cached_tokens >= len(render_prompt(loaded, chat(settled, *history.messages))) - 8
+    )
+    # Of the new message, only its last word (and the template's end) was left to prefill.
     message_tokens = len(prompt) - len(next_turn_prefix(loaded, history))
     assert done.usage.prompt_tokens - done.usage.cached_tokens < message_tokens / 3
     # Same tokens as a cold start of the same turn.
+    loaded.prompt_cache.clear()
+    assert done_of(generate(loaded, final)).token_ids == done.token_ids
+
+
+def test_a_draft_sent_as_it_was_prefilled_leaves_one_token(loaded: LoadedModel) -> None:
+    loaded.prompt_cache.clear()
+    history = earlier_turn()
+    message = "And how does tensor parallel split every layer across the nodes?"
+    prefill_next_turn(loaded, history, draft=message)  # the user paused before sending
+    final = chat(message, *history.messages, max_tokens=6)
+    done = done_of(generate(loaded, final))
+    assert done.usage.cached_tokens == done.usage.prompt_tokens - 1
     loaded.prompt_cache.clear()
     assert done_of(generate(loaded, final)).token_ids == done.token_ids
 
@@ -199,8 +217,9 @@ def test_a_draft_edited_before_sending_reuses_what_still_matches(loaded: LoadedM
     prefill_next_turn(loaded, history, draft="Count the apples in the basket ")
     final = chat("Count the pears in the basket please.", *history.messages, max_tokens=6)
     done = done_of(generate(loaded, final))
-    shared = next_turn_prefix(loaded, history, "Count the ")
-    assert len(shared) <= done.usage.cached_tokens < len(render_prompt(loaded, final))
+    shared = shared_prefix(render_prompt(loaded, chat("Count the ", *history.messages)),
+                           render_prompt(loaded, final))  # fmt: skip
+    assert shared <= done.usage.cached_tokens < len(render_prompt(loaded, final))
     loaded.prompt_cache.clear()
     assert done_of(generate(loaded, final)).token_ids == done.token_ids
 
@@ -249,7 +268,7 @@ def typed_then_sent(loaded: LoadedModel, max_tokens: int) -> ChatRequest:
     its request, which leaves that word and the template's end of the turn to prefill."""
     history = earlier_turn()
     message = "And how does tensor parallel split every layer?"
-    prefill_next_turn(loaded, history, draft=message)
+    prefill_next_turn(loaded, history, draft=message[: message.rindex(" ")])
     return chat(message, *history.messages, max_tokens=max_tokens)
 
 
@@ -316,7 +335,22 @@ def test_a_turn_continuing_a_stored_prefix_takes_that_cache_itself(loaded: Loade
     assert len(store) == 0 and store.nbytes == 0
 
 
-def test_a_longer_entry_is_copied_and_stays_for_its_own_turn(loaded: LoadedModel) -> None:
+def test_another_branch_is_copied_and_stays(loaded: LoadedModel) -> None:
+    store = loaded.prompt_cache
+    store.clear()
+    first = render_prompt(loaded, chat("Hello there. " * 30))
+    cache, rest = store.take(loaded.model, first)
+    loaded.model(mx.array(rest)[None], cache=cache)
+    store.keep(first, cache)
+    other = render_prompt(loaded, chat("Good morning."))  # another chat
+    held = store.reusable(other)
+    assert len(first) - held > TRIM_IN_PLACE_TOKENS
+    taken, rest = store.take(loaded.model, other)
+    assert taken is not cache and taken[0].offset == held and rest == other[held:]
+    assert store.reusable(first) == len(first) - 1 and cache[0].offset == len(first)
+
+
+def test_a_longer_entry_is_trimmed_in_place(loaded: LoadedModel) -> None:
     store = loaded.prompt_cache
     store.clear()
     answered = render_prompt(loaded, chat("Hello there.")) + [7, 8, 9]
@@ -324,9 +358,10 @@ def test_a_longer_entry_is_copied_and_stays_for_its_own_turn(loaded: LoadedModel
     loaded.model(mx.array(rest)[None], cache=cache)
     store.keep(answered, cache)
     regenerated = [*answered[:-2], 5]  # the same question, another answer
+    assert store.reusable(regenerated) == len(answered) - 2
     taken, rest = store.take(loaded.model, regenerated)
-    assert taken is not cache and rest == [5] and taken[0].offset == len(answered) - 2
-    assert store.reusable(answered) == len(answered) - 1 and cache[0].offset == len(answered)
+    assert taken is cache and rest == [5] and cache[0].offset == len(answered) - 2
+    assert len(store) == 0
 
 
 def test_a_cancelled_prefill_keeps_the_steps_it_made(loaded: LoadedModel) -> None:
@@ -362,8 +397,9 @@ def test_cache_memory_is_bounded_and_released(tiny_llama: Path) -> None:
     model = load_model_sync(tiny_llama)
     model.prompt_cache.max_entries = 2
     model.prompt_cache.clear()
-    for word in ("red", "green", "blue", "yellow"):
-        done_of(generate(model, chat(f"Paint it {word} and say why.", max_tokens=4)))
+    for word in ("red", "green", "blue", "yellow"):  # four chats: each its own branch
+        message = f"{word}: " + "paint the fence in this colour and say why " * 10
+        done_of(generate(model, chat(message, max_tokens=4)))
     assert len(model.prompt_cache) == 2
     assert model.prompt_cache.nbytes > 0
     model.unload()

@@ -527,8 +527,13 @@ class PromptInput(TextArea):
         """
         return list(self._history)
 
+    @property
+    def message(self) -> str:
+        """What sending now would send (blank lines around it dropped)."""
+        return self.text.rstrip().lstrip("\n")
+
     def action_send(self) -> None:
-        text = self.text.rstrip().lstrip("\n")
+        text = self.message
         if not text.strip():
             return
         if not self._history or self._history[-1] != text:
