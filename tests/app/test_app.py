@@ -126,10 +126,13 @@ async def test_escape_stops_the_answer(models_dir: Path) -> None:
         await wait_until(
             pilot, lambda: bool(app.query(AnswerView)) and bool(app.query_one(AnswerView).text)
         )
+        prompt = app.query_one(PromptInput)
+        assert not prompt.cursor_blink  # steady while the answer streams: no redraws for it
         await pilot.press("escape")
         await wait_until(pilot, lambda: bool(app.query(StatsLine)))
         assert "cancelled" in str(app.query_one(StatsLine).render())
         assert not app._generating
+        assert prompt.cursor_blink
 
 
 async def test_unload_frees_the_model(models_dir: Path) -> None:

@@ -414,3 +414,53 @@ async def test_a_streamed_append_costs_one_layout_and_the_answer_fits_its_text(
         assert pane.scroll_y == pane.max_scroll_y > 0
         screen = [strip.text for strip in pilot.app.screen._compositor.render_strips()]
         assert any("word399" in line for line in screen[-8:])  # above the prompt and margins
+
+
+@pytest.mark.anyio
+async def test_a_turn_and_its_first_words_go_on_screen_in_two_layouts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each is a layout of the whole screen, the costliest redraw: the question with its empty
+    # answer, then the first words with the Markdown that holds them (mounted one after the
+    # other, and with each widget's own request for a layout before it was mounted: five).
+    from textual.screen import Screen
+
+    layouts: list[None] = []
+    refresh_layout = Screen._refresh_layout
+
+    def counted(screen: Screen[None], *args: object, **kwargs: object) -> None:
+        layouts.append(None)
+        refresh_layout(screen, *args, **kwargs)  # type: ignore[arg-type]
+
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        pane = pilot.app.query_one(ChatPane)
+        await pilot.pause()
+        monkeypatch.setattr(Screen, "_refresh_layout", counted)
+        answer = AnswerView()
+        await pane.add_turn("what is a pipeline?", answer)
+        await pilot.pause()
+        await answer.feed(TextChunk(text="Layers in order, "))
+        await pilot.pause()
+        await pilot.pause()
+        assert len(layouts) == 2
+        screen = [strip.text for strip in pilot.app.screen._compositor.render_strips()]
+        assert any("Layers in order" in line for line in screen)
+        # The rest of the part streams into the same Markdown; done parses it whole once.
+        await answer.feed(TextChunk(text="a range per node."))
+        await answer.feed(done())
+        await pilot.pause()
+        assert len(answer.query(Markdown)) == 1
+        assert answer.query_one(Markdown).source == "Layers in order, a range per node."
+
+
+@pytest.mark.anyio
+async def test_a_part_that_came_whole_is_not_parsed_again_when_it_ends() -> None:
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        _, answer = await start(pilot)
+        await answer.feed(TextChunk(text="All of it **at once**."))
+        markdown = answer.query_one(Markdown)
+        blocks = list(markdown.children)
+        await answer.feed(done())
+        await pilot.pause()
+        assert list(markdown.children) == blocks  # the same blocks: no second parse
+        assert markdown.source == "All of it **at once**."
