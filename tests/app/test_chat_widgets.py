@@ -380,21 +380,27 @@ def test_snapshot_finished_answer(snap_compare: Callable[..., bool]) -> None:
     assert snap_compare(ChatApp(), terminal_size=(80, 32), run_before=run_before)
 
 
+@pytest.fixture
+def layouts(monkeypatch: pytest.MonkeyPatch) -> list[None]:
+    """One entry per layout of the screen from now on (each places every widget again)."""
+    from textual.screen import Screen
+
+    counted: list[None] = []
+    refresh_layout = Screen._refresh_layout
+
+    def counting(screen: Screen[None], *args: object, **kwargs: object) -> None:
+        counted.append(None)
+        refresh_layout(screen, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Screen, "_refresh_layout", counting)
+    return counted
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("chunk", [TextChunk, ReasoningChunk])
 async def test_a_streamed_append_costs_one_layout_and_the_answer_fits_its_text(
-    monkeypatch: pytest.MonkeyPatch, chunk: type[TextChunk | ReasoningChunk]
+    layouts: list[None], chunk: type[TextChunk | ReasoningChunk]
 ) -> None:
-    from textual.screen import Screen
-
-    layouts: list[None] = []
-    refresh_layout = Screen._refresh_layout
-
-    def counted(screen: Screen[None], *args: object, **kwargs: object) -> None:
-        layouts.append(None)
-        refresh_layout(screen, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Screen, "_refresh_layout", counted)
     words = " ".join(f"word{i}" for i in range(400)).split(" ")
     async with ChatApp().run_test(size=SIZE) as pilot:
         pane, answer = await start(pilot)
@@ -418,24 +424,15 @@ async def test_a_streamed_append_costs_one_layout_and_the_answer_fits_its_text(
 
 @pytest.mark.anyio
 async def test_a_turn_and_its_first_words_go_on_screen_in_two_layouts(
-    monkeypatch: pytest.MonkeyPatch,
+    layouts: list[None],
 ) -> None:
     # Each is a layout of the whole screen, the costliest redraw: the question with its empty
     # answer, then the first words with the Markdown that holds them (mounted one after the
     # other, and with each widget's own request for a layout before it was mounted: five).
-    from textual.screen import Screen
-
-    layouts: list[None] = []
-    refresh_layout = Screen._refresh_layout
-
-    def counted(screen: Screen[None], *args: object, **kwargs: object) -> None:
-        layouts.append(None)
-        refresh_layout(screen, *args, **kwargs)  # type: ignore[arg-type]
-
     async with ChatApp().run_test(size=SIZE) as pilot:
         pane = pilot.app.query_one(ChatPane)
         await pilot.pause()
-        monkeypatch.setattr(Screen, "_refresh_layout", counted)
+        layouts.clear()
         answer = AnswerView()
         await pane.add_turn("what is a pipeline?", answer)
         await pilot.pause()
