@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from textual.pilot import Pilot
-from textual.widgets import Static
+from textual.widgets import Footer, Static
 
 from engine.types import DoneChunk, Stats, TextChunk, ToolCallChunk, ToolResult, Usage
 from exo_tui.app.main import ExoTuiApp
@@ -57,6 +57,15 @@ async def settle(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     app.query_one(PromptInput).cursor_blink = False
     app.clear_notifications()
     await pilot.pause(0.2)
+    # A footer's keys are laid out a moment after the screen comes up: on a busy machine,
+    # after the scene was ready (one picture in three had an empty footer).
+    footers = [footer for screen in app.screen_stack for footer in screen.query(Footer)]
+    await wait_until(pilot, lambda: all(_keys_placed(footer) for footer in footers))
+
+
+def _keys_placed(footer: Footer) -> bool:
+    keys = footer.query("FooterKey")
+    return bool(keys) and all(key.region.width > 0 for key in keys)
 
 
 async def _model_chosen(app: ExoTuiApp, pilot: Pilot[None]) -> None:
