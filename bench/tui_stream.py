@@ -78,7 +78,7 @@ async def type_keys(app, prompt, gaps: list[float]) -> None:  # type: ignore[no-
 
 
 async def through_app(
-    model: Path, loaded: LoadedModel, tokens: int, typing: bool
+    model: Path, loaded: LoadedModel, tokens: int, typing: bool, chat_db: Path
 ) -> tuple[float, float]:
     """Tokens per second through the app, and the longest key-to-screen gap while streaming
     (0 when not `typing`)."""
@@ -90,7 +90,8 @@ async def through_app(
     from tests.app.helpers import fixed_stats
 
     StatsLine.on_mount = _note_done_shown  # type: ignore[attr-defined]
-    app = ExoTuiApp(model=str(model), node_stats=fixed_stats(), bundled=False)
+    # Its chats go to the run's own folder, not the user's chat store.
+    app = ExoTuiApp(model=str(model), node_stats=fixed_stats(), bundled=False, chat_db=chat_db)
     app.tools = ToolRegistry([])  # no tools: the same prompt as the headless run
     app.max_tokens = tokens
     async with app.run_test(size=(120, 40)) as pilot:
@@ -140,17 +141,18 @@ def main() -> None:
 
             model = build_tiny_model(Path(tmp) / "tiny-llama", "llama", hidden_size=256)
         loaded = load_model_sync(model)
+        chat_db = Path(tmp) / "chats.sqlite3"
         anchor: list[float] = []
         watching: list[float] = []
         typing: list[float] = []
         gaps: list[float] = []
         for _ in range(args.warmup):
             headless(loaded, args.tokens)
-            asyncio.run(through_app(model, loaded, args.tokens, False))
+            asyncio.run(through_app(model, loaded, args.tokens, False, chat_db))
         for round_ in range(args.rounds):
             anchor.append(headless(loaded, args.tokens))
-            watching.append(asyncio.run(through_app(model, loaded, args.tokens, False))[0])
-            tps, gap = asyncio.run(through_app(model, loaded, args.tokens, True))
+            watching.append(asyncio.run(through_app(model, loaded, args.tokens, False, chat_db))[0])
+            tps, gap = asyncio.run(through_app(model, loaded, args.tokens, True, chat_db))
             typing.append(tps)
             gaps.append(gap)
             print(
