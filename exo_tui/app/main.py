@@ -786,7 +786,8 @@ class ExoTuiApp(App[None]):
         self._generating = generating
         # A steady cursor while an answer streams: every blink redraws the prompt, and on a
         # small machine the engine pays for each redraw (the same cores, the same GIL).
-        self.query_one(PromptInput).cursor_blink = not generating
+        for prompt in self.query(PromptInput):  # none while the app shuts down
+            prompt.cursor_blink = not generating
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.state == WorkerState.ERROR and event.worker.group in ("chat", "load"):
