@@ -30,6 +30,8 @@ import mlx.nn as nn
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from engine.blas import machine_cores
+
 # Scores held at once (4 bytes each: 8 MiB); longer prompts are processed in blocks of queries.
 MAX_SCORES = 1 << 21
 # Small blocks keep MLX's kernel (fewer scores per head than this): their softmax is cheap, and
@@ -127,12 +129,7 @@ def _cores() -> int:
     """The cores this process may use: its share when several ranks run on one machine (they
     set OPENBLAS_NUM_THREADS), else every core it can run on."""
     share = os.environ.get("OPENBLAS_NUM_THREADS", "")
-    if share.isdigit() and int(share) > 0:
-        return int(share)
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS
-        return max(1, os.cpu_count() or 1)
+    return int(share) if share.isdigit() and int(share) > 0 else machine_cores()
 
 
 @functools.cache

@@ -68,3 +68,11 @@ def describe() -> str:
 def kind() -> str:
     """The short name: `openblas`, `reference` or `accelerate`."""
     return describe().split(" ", 1)[0]
+
+
+def machine_cores() -> int:
+    """The cores this process can run on (its CPU affinity; every core where that is unknown)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS
+        return max(1, os.cpu_count() or 1)

@@ -35,6 +35,7 @@ from typing import IO
 
 from pydantic import ValidationError
 
+from engine.blas import machine_cores
 from engine.errors import EngineError, RequestError
 from engine.generate import CancelToken
 from engine.parallel import (
@@ -354,7 +355,7 @@ class LocalRing:
             env.update(MLX_HOSTFILE=str(hostfile))
         # The ranks share this machine's cores: BLAS threads of every rank on every core
         # oversubscribe it (pipeline decode ran at 6 tok/s instead of 14 on 2 cores).
-        env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, _cores() // self.world_size)))
+        env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, machine_cores() // self.world_size)))
         return self._popen(rank, [sys.executable, "-m", "exo_tui.cluster.runner"], env)
 
     def _popen(self, rank: int, argv: list[str], env: dict[str, str]) -> _Rank:
@@ -525,13 +526,6 @@ class LocalRing:
         message = "; ".join([p for p in problems if p not in lost] + lost)
         self._failure = f"The ring of {self.world_size} ranks stopped: {message}"
         raise _Ring(self._failure)
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on macOS
-        return os.cpu_count() or 1
 
 
 def _describe_exit(code: int) -> str:
