@@ -135,14 +135,15 @@ def test_a_few_new_tokens_over_a_long_history_go_through_it_and_small_blocks_do_
 
     attention.attention = counting  # type: ignore[assignment]
     try:
-        for length, keys in [(4, 600), (2, 600), (8, 64), (1, 600), (1, 1100)]:
+        for length, keys in [(4, 600), (2, 600), (8, 64), (1, 600), (1, 1100), (1, 2100)]:
             q, k, v = random_qkv(length, keys)
             routed(q, k, v, cache=None, scale=0.2, mask="causal" if length > 1 else None)
     finally:
         attention.attention = original_attention
-    # A draft's last words over a long chat, and decoding over a long one: ours. Small blocks
-    # (fewer than MIN_SCORES_PER_HEAD scores per head): MLX's kernel.
-    assert calls == [(4, 600), (2, 600), (1, 1100)]
+    # A draft's last words over a long chat, and decoding over a very long one: ours. Small
+    # blocks (fewer than MIN_SCORES_PER_HEAD scores per head) and one query over fewer than
+    # ONE_QUERY_MLX_KEYS keys: MLX's kernel.
+    assert calls == [(4, 600), (2, 600), (1, 2100)]
 
 
 def test_greedy_tokens_match_mlx_attention(
