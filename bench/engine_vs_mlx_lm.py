@@ -39,6 +39,23 @@ T = TypeVar("T")
 SEED = 0
 
 
+def shaped(hidden_size: int | None, num_layers: int | None) -> dict[str, int]:
+    """The bench llama's shape with another width or depth (heads of 64 dimensions, the MLP
+    2.8x as wide, as in the bench model)."""
+    config = dict(BENCH_MODEL)
+    if hidden_size is not None:
+        heads = max(1, hidden_size // 64)
+        config.update(
+            hidden_size=hidden_size,
+            num_heads=heads,
+            num_kv_heads=max(1, heads // 2),
+            intermediate_size=hidden_size * 14 // 5,
+        )
+    if num_layers is not None:
+        config["num_layers"] = num_layers
+    return config
+
+
 def bench_model(config: dict[str, int] = BENCH_MODEL) -> Path:
     """The benchmark llama with `config`, built once into the user cache folder."""
     import platformdirs
@@ -118,13 +135,6 @@ def worker_engine(model: str) -> dict[str, Any]:
         seed=SEED,
     )
     done = [c for c in generate(loaded, request) if isinstance(c, DoneChunk)][0]
-
-    app_chat = ten_turn_ttfts(loaded, with_tools=True)
-    bare_chat = ten_turn_ttfts(loaded, with_tools=False)
-    typing_chat = ten_turn_ttfts(loaded, with_tools=False, pause=LAST_WORD)
-    app_typing_chat = ten_turn_ttfts(loaded, with_tools=True, pause=LAST_WORD)
-    paused_chat = ten_turn_ttfts(loaded, with_tools=False, pause=BEFORE_SENDING)
-    app_paused_chat = ten_turn_ttfts(loaded, with_tools=True, pause=BEFORE_SENDING)
     return {
         "load_s": load_s,
         "prefill_tps": done.stats.prefill_tps,
@@ -132,12 +142,26 @@ def worker_engine(model: str) -> dict[str, Any]:
         "token_ids": list(done.token_ids),
         "prompt_tokens": done.usage.prompt_tokens,
         "blas": blas.describe(),
-        "app_chat": app_chat,
-        "bare_chat": bare_chat,
-        "typing_chat": typing_chat,
-        "app_typing_chat": app_typing_chat,
-        "paused_chat": paused_chat,
-        "app_paused_chat": app_paused_chat,
+        **chat_ttfts(loaded),
+    }
+
+
+def worker_chats(model: str) -> dict[str, Any]:
+    from engine import blas
+    from engine.loading import load_model_sync
+
+    return {"blas": blas.describe(), **chat_ttfts(load_model_sync(model))}
+
+
+def chat_ttfts(loaded: Any) -> dict[str, Any]:
+    """The ten-turn chats, keyed as `CHATS` names them."""
+    return {
+        "app_chat": ten_turn_ttfts(loaded, with_tools=True),
+        "bare_chat": ten_turn_ttfts(loaded, with_tools=False),
+        "typing_chat": ten_turn_ttfts(loaded, with_tools=False, pause=LAST_WORD),
+        "app_typing_chat": ten_turn_ttfts(loaded, with_tools=True, pause=LAST_WORD),
+        "paused_chat": ten_turn_ttfts(loaded, with_tools=False, pause=BEFORE_SENDING),
+        "app_paused_chat": ten_turn_ttfts(loaded, with_tools=True, pause=BEFORE_SENDING),
     }
 
 
@@ -189,6 +213,29 @@ def ten_turn_ttfts(loaded: Any, *, with_tools: bool, pause: str | None = None) -
     return {"ttfts": ttfts, "new_tokens": new_tokens, "history_tokens": done.usage.prompt_tokens}
 
 
+CHATS = (
+    ("app_chat", "system + tools"),
+    ("bare_chat", "no system, no tools"),
+    ("typing_chat", "no system, no tools, last pause before the last word"),
+    ("app_typing_chat", "system + tools as the app does, last pause before the last word"),
+    ("paused_chat", "no system, no tools, last pause before sending"),
+    ("app_paused_chat", "system + tools as the app does, last pause before sending"),
+)
+
+
+def print_chat_rows(runs: list[dict[str, Any]]) -> None:
+    for key, label in CHATS:
+        chats_run = [r[key] for r in runs if key in r]
+        first = statistics.median(c["ttfts"][0] for c in chats_run)
+        tenth = statistics.median(c["ttfts"][9] for c in chats_run)
+        chat = chats_run[0]
+        print(
+            f"| TTFT turn 10 / turn 1, {label} ({chat['history_tokens']} tokens of history; "
+            f"{chat['new_tokens'][0]} then {chat['new_tokens'][9]} tokens prefilled) "
+            f"| | {tenth * 1000:.0f} ms / {first * 1000:.0f} ms | {tenth / first:.2f}x | ≤ 1.2x |"
+        )
+
+
 def run_worker(kind: str, model: Path) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, __file__, "--worker", kind, "--model", str(model)],
@@ -207,19 +254,39 @@ def main() -> None:
         "--loads", type=int, default=9, help="more fresh processes that only load, each way"
     )
     parser.add_argument(
-        "--worker", choices=["engine", "mlx_lm", "load-engine", "load-mlx_lm"], default=None
+        "--hidden-size", type=int, default=None, help="build the bench llama this wide instead"
+    )
+    parser.add_argument(
+        "--num-layers", type=int, default=None, help="build the bench llama this deep instead"
+    )
+    parser.add_argument(
+        "--chats-only",
+        action="store_true",
+        help="only the engine's ten-turn chats (TTFT turn 10 / turn 1), one process a round",
+    )
+    parser.add_argument(
+        "--worker",
+        choices=["engine", "mlx_lm", "load-engine", "load-mlx_lm", "chats"],
+        default=None,
     )
     args = parser.parse_args()
     if args.worker:
-        workers = {"engine": worker_engine, "mlx_lm": worker_mlx_lm,
+        workers = {"engine": worker_engine, "mlx_lm": worker_mlx_lm, "chats": worker_chats,
                    "load-engine": load_engine, "load-mlx_lm": load_mlx_lm}  # fmt: skip
         print(json.dumps(workers[args.worker](str(args.model))))
         return
 
-    model = args.model or bench_model()
+    model = args.model or bench_model(shaped(args.hidden_size, args.num_layers))
     from tests.tiny_models import parameter_count
 
     print(f"model: {model} ({parameter_count(model) / 1e6:.1f}M parameters)", flush=True)
+    if args.chats_only:
+        chat_runs = [run_worker("chats", model) for _ in range(args.rounds)]
+        print(f"{args.rounds} rounds (medians); engine BLAS: {chat_runs[0]['blas']}")
+        print("| figure | | engine | ratio | target |")
+        print("|---|---|---|---|---|")
+        print_chat_rows(chat_runs)
+        return
     runs: dict[str, list[dict[str, Any]]] = {"engine": [], "mlx_lm": []}
     for round_ in range(args.rounds):
         for kind in ("mlx_lm", "engine"):
@@ -261,24 +328,7 @@ def main() -> None:
         a, e = median("mlx_lm", key), median("engine", key)
         print(f"| {label} | {a:.2f} | {e:.2f} | {e / a:.2f}x | {target} |")
     print(f"| token ids identical | | | {'yes' if identical else 'NO'} | yes |")
-    chats = (
-        ("app_chat", "system + tools"),
-        ("bare_chat", "no system, no tools"),
-        ("typing_chat", "no system, no tools, last pause before the last word"),
-        ("app_typing_chat", "system + tools as the app does, last pause before the last word"),
-        ("paused_chat", "no system, no tools, last pause before sending"),
-        ("app_paused_chat", "system + tools as the app does, last pause before sending"),
-    )
-    for key, label in chats:
-        chats_run = [r[key] for r in engine if key in r]
-        first = statistics.median(c["ttfts"][0] for c in chats_run)
-        tenth = statistics.median(c["ttfts"][9] for c in chats_run)
-        chat = engine[0][key]
-        print(
-            f"| TTFT turn 10 / turn 1, {label} ({chat['history_tokens']} tokens of history; "
-            f"{chat['new_tokens'][0]} then {chat['new_tokens'][9]} tokens prefilled) "
-            f"| | {tenth * 1000:.0f} ms / {first * 1000:.0f} ms | {tenth / first:.2f}x | ≤ 1.2x |"
-        )
+    print_chat_rows(engine)
 
 
 if __name__ == "__main__":
