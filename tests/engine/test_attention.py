@@ -113,11 +113,11 @@ def test_loaded_models_route_prefill_through_it(tiny_llama: Path) -> None:
         done = [c for c in generate(loaded, request) if isinstance(c, DoneChunk)][0]
     finally:
         attention.attention = original_attention
-    # Prefill (all but the last prompt token, which mlx-lm feeds with the first step) goes through
-    # it once per layer; decoding over a short history (one query a step) keeps MLX's kernel.
-    assert calls and all(n == done.usage.prompt_tokens - 1 for n in calls)
+    # Prefill (the whole prompt, in the pass that gives the first token) goes through it once
+    # per layer; decoding over a short history (one query a step) keeps MLX's kernel.
+    assert calls and all(n == done.usage.prompt_tokens for n in calls)
     assert len(calls) == loaded.card.num_layers
-    assert (done.usage.prompt_tokens - 1) ** 2 >= attention.MIN_SCORES_PER_HEAD
+    assert done.usage.prompt_tokens**2 >= attention.MIN_SCORES_PER_HEAD
 
 
 def test_a_few_new_tokens_over_a_long_history_go_through_it_and_small_blocks_do_not(

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
 from mlx_lm import load as mlx_lm_load
 from mlx_lm import stream_generate
+from mlx_lm.models.cache import make_prompt_cache
 
+from engine import generate as generate_module
 from engine.errors import RequestError
 from engine.generate import (
     PREFILL_CHUNK,
-    SINGLE_PASS_TOKENS,
     generate,
+    last_position_logits,
     next_turn_prefix,
     prefill_next_turn,
     render_prompt,
@@ -31,6 +33,7 @@ from engine.types import (
     Message,
     TextChunk,
 )
+from tests.tiny_models import ARCHITECTURES
 
 
 def chat(text: str, *history: Message, **kwargs: object) -> ChatRequest:
@@ -282,13 +285,61 @@ def test_a_short_rest_of_the_prompt_takes_one_pass_with_the_first_token(
     counting.lengths.clear()
     done = done_of(generate(counted, final))
     rest = done.usage.prompt_tokens - done.usage.cached_tokens
-    assert 1 < rest <= SINGLE_PASS_TOKENS
+    assert rest > 1
     # mlx-lm would prefill rest - 1 tokens, then step the last one: two passes over the weights.
     # Then each of the 6 tokens is fed once (the last one too: the next turn's cache holds it).
     assert counting.lengths == [rest] + [1] * 6
     # Same tokens as a cold start of the same turn.
     loaded.prompt_cache.clear()
     assert done_of(generate(loaded, final)).token_ids == done.token_ids
+
+
+def test_a_whole_prompt_takes_one_pass_with_the_first_token(loaded: LoadedModel) -> None:
+    loaded.prompt_cache.clear()
+    counting = CountingModel(loaded.model)
+    counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
+    request = chat("Tell me about the pipeline and the ring. " * 6, max_tokens=4)
+    done = done_of(generate(counted, request))
+    assert done.usage.cached_tokens == 0 and done.usage.prompt_tokens > 100
+    assert counting.lengths == [done.usage.prompt_tokens] + [1] * 4
+
+
+def test_a_prompt_longer_than_a_prefill_step_goes_in_steps_to_the_same_tokens(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = chat("Tell me about the pipeline and the ring. " * 6, max_tokens=8)
+    loaded.prompt_cache.clear()
+    whole = done_of(generate(loaded, request))
+    monkeypatch.setattr(generate_module, "PREFILL_STEP", 16)
+    loaded.prompt_cache.clear()
+    counting = CountingModel(loaded.model)
+    counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
+    stepped = done_of(generate(counted, request))
+    prompt = stepped.usage.prompt_tokens
+    # All but the last 16 tokens in steps of 16 (the first step takes what is left over), then
+    # the last 16 with the first token.
+    assert sum(counting.lengths[:-8]) == prompt and counting.lengths[-9] == 16
+    assert all(n <= 16 for n in counting.lengths[:-8]) and counting.lengths[-8:] == [1] * 8
+    assert stepped.token_ids == whole.token_ids
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("tied", [False, True], ids=["own head", "head tied to embeddings"])
+def test_the_last_positions_logits_are_the_full_passes_last_row(
+    arch: str, tied: bool, tiny_model_factory: Callable[..., Path]
+) -> None:
+    extra = {"tie_word_embeddings": True} if tied else {}
+    loaded = load_model_sync(tiny_model_factory(arch, **extra))
+    assert loaded.config.get("tie_word_embeddings", False) == tied
+
+    tokens = mx.array(render_prompt(loaded, chat("Which node holds layer three?")))[None]
+    full = loaded.model(tokens, cache=make_prompt_cache(loaded.model))[:, -1, :]
+    last = last_position_logits(loaded.model, tokens, make_prompt_cache(loaded.model))
+    assert last.shape == full.shape
+    assert mx.allclose(last, full, atol=1e-4).item()
+    # The head ran on one position: the model's body is its own again afterwards.
+    assert "model" not in vars(loaded.model)
+    assert loaded.model(tokens, cache=make_prompt_cache(loaded.model)).shape[1] == tokens.shape[1]
 
 
 def test_stopping_at_the_first_token_of_one_pass_keeps_the_cache_true(
