@@ -162,6 +162,12 @@ PREFILL_STEP = 2048
 Sampler = Callable[[mx.array], mx.array]
 
 
+def feed(model: Any, tokens: list[int], cache: list[Any]) -> None:
+    """Put `tokens` into `cache` (their logits are never computed: only the cache is evaluated)."""
+    model(mx.array(tokens)[None], cache=cache)
+    mx.eval([c.state for c in cache])
+
+
 def last_position_logits(model: Any, tokens: mx.array, cache: list[Any]) -> mx.array:
     """The logits of the last of `tokens` only ([batch, vocabulary]).
 
@@ -208,8 +214,7 @@ def sampled_tokens(
     head, tail = rest[:split], rest[split:]
     with mx.stream(generation_stream):
         for start in range(0, len(head), PREFILL_STEP):
-            model(mx.array(head[start : start + PREFILL_STEP])[None], cache=cache)
-            mx.eval([c.state for c in cache])  # pyright: ignore[reportUnknownMemberType]
+            feed(model, head[start : start + PREFILL_STEP], cache)
         logits = last_position_logits(model, mx.array(tail)[None], cache)
         first = sampler(logits - mx.logsumexp(logits, keepdims=True))
     yield cast(int, first.item())
@@ -379,8 +384,7 @@ def prefill_next_turn(
         if cancel.is_set():
             break
         chunk = rest[start : start + PREFILL_CHUNK]
-        model(mx.array(chunk)[None], cache=cache)
-        mx.eval([c.state for c in cache])  # pyright: ignore[reportUnknownMemberType]
+        feed(model, chunk, cache)
         held += len(chunk)
     if held:  # what the cache holds goes back (take took it out), a cancelled prefill's too
         loaded.prompt_cache.keep(prefix[:held], cache)

@@ -316,8 +316,8 @@ def test_a_prompt_longer_than_a_prefill_step_goes_in_steps_to_the_same_tokens(
     counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
     stepped = done_of(generate(counted, request))
     prompt = stepped.usage.prompt_tokens
-    # All but the last 16 tokens in steps of 16 (the first step takes what is left over), then
-    # the last 16 with the first token.
+    # All but the last 16 tokens in steps of 16 (the last of them shorter), then the last 16 in
+    # the pass that gives the first token.
     assert sum(counting.lengths[:-8]) == prompt and counting.lengths[-9] == 16
     assert all(n <= 16 for n in counting.lengths[:-8]) and counting.lengths[-8:] == [1] * 8
     assert stepped.token_ids == whole.token_ids
