@@ -154,11 +154,16 @@ def _parser_for(loaded: LoadedModel, request: ChatRequest, prompt: list[int]) ->
     )
 
 
-# The rest of the prompt goes through the model in one pass that also gives the first token, in
-# steps of this many tokens (mlx-lm's prefill step) when it is longer. mlx-lm prefills all but the
-# last token, then steps that one: a second pass over every weight, one decoding step's time
-# (the first token of 92 prompt tokens here: 440 ms against 336 in one pass).
-PREFILL_STEP = 2048
+# The rest of the prompt goes through the model in one pass that also gives the first token, up
+# to this many tokens per layer of the model. mlx-lm prefills all but the last token, then steps
+# that one: a second pass over every weight, and it builds the second token's step before it
+# hands out the first (the first token of a 92-token prompt on the bench model: 440 ms, in one
+# pass 336). Past it, one pass costs more than it saves: a prefill skips the last layer's
+# attention output and MLP (the cache needs neither), which one pass computes for every token.
+# On the 2-layer wide bench model, 610 tokens: 1,148 ms in one pass, 764 with the last token in
+# a pass of its own; on the 10-layer bench model they were even there.
+ONE_PASS_TOKENS_PER_LAYER = 32
+PREFILL_STEP = 2048  # tokens a step when a prefill is longer (mlx-lm's prefill step)
 Sampler = Callable[[mx.array], mx.array]
 
 
@@ -202,16 +207,22 @@ class _LastPosition:
 
 
 def sampled_tokens(
-    model: Any, rest: list[int], cache: list[Any], sampler: Sampler, max_tokens: int
+    model: Any,
+    rest: list[int],
+    cache: list[Any],
+    sampler: Sampler,
+    max_tokens: int,
+    one_pass_tokens: int,
 ) -> Iterator[int]:
     """The tokens that continue `rest` after `cache`: the rest in one pass that gives the first
-    token, then mlx-lm's `generate_step` (which overlaps building each step with computing the
-    one before).
+    token (a rest longer than `one_pass_tokens`: all but its last token into the cache first),
+    then mlx-lm's `generate_step` (which overlaps building each step with computing the one
+    before).
 
     Each token is fed to the model (into `cache`) before it comes out, except the first: it is
     fed with the step that computes the second."""
-    split = max(0, len(rest) - PREFILL_STEP)
-    head, tail = rest[:split], rest[split:]
+    last_pass = min(len(rest), PREFILL_STEP) if len(rest) <= one_pass_tokens else 1
+    head, tail = rest[: len(rest) - last_pass], rest[len(rest) - last_pass :]
     with mx.stream(generation_stream):
         for start in range(0, len(head), PREFILL_STEP):
             feed(model, head[start : start + PREFILL_STEP], cache)
@@ -276,7 +287,8 @@ def generate(
 
     try:
         with wired_limit(loaded.model, cast(Any, [generation_stream])):
-            tokens = sampled_tokens(loaded.model, rest, cache, sampler, max_tokens)
+            one_pass_tokens = ONE_PASS_TOKENS_PER_LAYER * loaded.card.num_layers
+            tokens = sampled_tokens(loaded.model, rest, cache, sampler, max_tokens, one_pass_tokens)
             prefill_started = time.perf_counter()
             for token in tokens:
                 if not token_ids:

@@ -300,8 +300,26 @@ def test_a_whole_prompt_takes_one_pass_with_the_first_token(loaded: LoadedModel)
     counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
     request = chat("Tell me about the pipeline and the ring. " * 6, max_tokens=4)
     done = done_of(generate(counted, request))
-    assert done.usage.cached_tokens == 0 and done.usage.prompt_tokens > 100
-    assert counting.lengths == [done.usage.prompt_tokens] + [1] * 4
+    prompt = done.usage.prompt_tokens
+    assert done.usage.cached_tokens == 0 and prompt > 100
+    assert prompt <= generate_module.ONE_PASS_TOKENS_PER_LAYER * loaded.card.num_layers
+    assert counting.lengths == [prompt] + [1] * 4
+
+
+def test_a_prompt_past_one_pass_puts_all_but_its_last_token_into_the_cache_first(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = chat("Tell me about the pipeline and the ring. " * 6, max_tokens=4)
+    loaded.prompt_cache.clear()
+    whole = done_of(generate(loaded, request))
+    monkeypatch.setattr(generate_module, "ONE_PASS_TOKENS_PER_LAYER", 8)  # 32 tokens here
+    loaded.prompt_cache.clear()
+    counting = CountingModel(loaded.model)
+    counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
+    split = done_of(generate(counted, request))
+    # The prefill skips the last layer's output, which one pass would compute for every token.
+    assert counting.lengths == [split.usage.prompt_tokens - 1, 1] + [1] * 4
+    assert split.token_ids == whole.token_ids
 
 
 def test_a_prompt_longer_than_a_prefill_step_goes_in_steps_to_the_same_tokens(
