@@ -266,6 +266,17 @@ class CountingModel:
         return getattr(self.wrapped, name)
 
 
+def counted_generate(loaded: LoadedModel, request: ChatRequest) -> tuple[DoneChunk, list[int]]:
+    """The answer's DoneChunk and how many tokens each forward pass took."""
+    counting = CountingModel(loaded.model)
+    done = done_of(generate(dataclasses.replace(loaded, model=counting), request))  # type: ignore[arg-type]
+    return done, counting.lengths
+
+
+# Over 100 tokens: longer than a short rest, within one pass of the tiny llama's 4 layers.
+LONG_PROMPT = chat("Tell me about the pipeline and the ring. " * 6)
+
+
 def typed_then_sent(loaded: LoadedModel, max_tokens: int) -> ChatRequest:
     """A second turn prefilled as the app does while it is typed (all but its last word); then
     its request, which leaves that word and the template's end of the turn to prefill."""
@@ -296,48 +307,41 @@ def test_a_short_rest_of_the_prompt_takes_one_pass_with_the_first_token(
 
 def test_a_whole_prompt_takes_one_pass_with_the_first_token(loaded: LoadedModel) -> None:
     loaded.prompt_cache.clear()
-    counting = CountingModel(loaded.model)
-    counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
-    request = chat("Tell me about the pipeline and the ring. " * 6, max_tokens=4)
-    done = done_of(generate(counted, request))
+    done, lengths = counted_generate(loaded, LONG_PROMPT.model_copy(update={"max_tokens": 4}))
     prompt = done.usage.prompt_tokens
     assert done.usage.cached_tokens == 0 and prompt > 100
     assert prompt <= generate_module.ONE_PASS_TOKENS_PER_LAYER * loaded.card.num_layers
-    assert counting.lengths == [prompt] + [1] * 4
+    assert lengths == [prompt] + [1] * 4
 
 
 def test_a_prompt_past_one_pass_puts_all_but_its_last_token_into_the_cache_first(
     loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    request = chat("Tell me about the pipeline and the ring. " * 6, max_tokens=4)
+    request = LONG_PROMPT.model_copy(update={"max_tokens": 4})
     loaded.prompt_cache.clear()
     whole = done_of(generate(loaded, request))
     monkeypatch.setattr(generate_module, "ONE_PASS_TOKENS_PER_LAYER", 8)  # 32 tokens here
     loaded.prompt_cache.clear()
-    counting = CountingModel(loaded.model)
-    counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
-    split = done_of(generate(counted, request))
+    split, lengths = counted_generate(loaded, request)
     # The prefill skips the last layer's output, which one pass would compute for every token.
-    assert counting.lengths == [split.usage.prompt_tokens - 1, 1] + [1] * 4
+    assert lengths == [split.usage.prompt_tokens - 1, 1] + [1] * 4
     assert split.token_ids == whole.token_ids
 
 
 def test_a_prompt_longer_than_a_prefill_step_goes_in_steps_to_the_same_tokens(
     loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    request = chat("Tell me about the pipeline and the ring. " * 6, max_tokens=8)
+    request = LONG_PROMPT.model_copy(update={"max_tokens": 8})
     loaded.prompt_cache.clear()
     whole = done_of(generate(loaded, request))
     monkeypatch.setattr(generate_module, "PREFILL_STEP", 16)
     loaded.prompt_cache.clear()
-    counting = CountingModel(loaded.model)
-    counted = dataclasses.replace(loaded, model=counting)  # type: ignore[arg-type]
-    stepped = done_of(generate(counted, request))
+    stepped, lengths = counted_generate(loaded, request)
     prompt = stepped.usage.prompt_tokens
     # All but the last 16 tokens in steps of 16 (the last of them shorter), then the last 16 in
     # the pass that gives the first token.
-    assert sum(counting.lengths[:-8]) == prompt and counting.lengths[-9] == 16
-    assert all(n <= 16 for n in counting.lengths[:-8]) and counting.lengths[-8:] == [1] * 8
+    assert sum(lengths[:-8]) == prompt and lengths[-9] == 16
+    assert all(n <= 16 for n in lengths[:-8]) and lengths[-8:] == [1] * 8
     assert stepped.token_ids == whole.token_ids
 
 
