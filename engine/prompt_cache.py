@@ -17,6 +17,7 @@ regenerated) is another branch: it is copied, as mlx-lm does, and stays.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psutil
@@ -74,18 +75,24 @@ class _TakingPromptCache(LRUPromptCache):
 
 
 class ConversationCache:
-    """The stored KV caches of one loaded model, keyed by the tokens they hold."""
+    """The stored KV caches of one loaded model, keyed by the tokens they hold.
+
+    Safe to use from several threads: the app looks at it while a worker prefills into it.
+    """
 
     def __init__(self, max_entries: int = 8, max_bytes: int = _DEFAULT_MAX_BYTES) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self._lru: Any = _TakingPromptCache(max_size=max_entries, max_bytes=max_bytes)  # untyped
+        # mlx-lm's trie is plain dicts: a search during a pop can meet a branch half removed.
+        self._lock = threading.Lock()
 
     def take(self, model: Any, prompt: list[int]) -> tuple[list[Any], list[int]]:
         """A KV cache to continue from and the prompt tokens it does not hold yet (never empty).
 
         The cache is taken out of the store: `keep` what it holds afterwards."""
-        cache, rest = self._lru.take_nearest(_MODEL_KEY, prompt)
+        with self._lock:
+            cache, rest = self._lru.take_nearest(_MODEL_KEY, prompt)
         if cache is not None and not rest:
             # The whole prompt is cached; generation needs one token to feed, so give one back.
             if can_trim_prompt_cache(cache):
@@ -99,12 +106,14 @@ class ConversationCache:
 
     def reusable(self, prompt: list[int]) -> int:
         """How many tokens of `prompt` a `take` would find cached (looking changes nothing)."""
-        _, reused = self._lru.nearest(_MODEL_KEY, prompt)
+        with self._lock:
+            _, reused = self._lru.nearest(_MODEL_KEY, prompt)
         return min(int(reused), len(prompt) - 1)
 
     def keep(self, tokens: list[int], cache: list[Any]) -> None:
         """Store a cache that holds exactly `tokens` for a later turn."""
-        self._lru.insert_cache(_MODEL_KEY, tokens, cache)
+        with self._lock:
+            self._lru.insert_cache(_MODEL_KEY, tokens, cache)
 
     @property
     def nbytes(self) -> int:
@@ -114,4 +123,5 @@ class ConversationCache:
         return len(self._lru)
 
     def clear(self) -> None:
-        self._lru = _TakingPromptCache(max_size=self.max_entries, max_bytes=self.max_bytes)
+        with self._lock:
+            self._lru = _TakingPromptCache(max_size=self.max_entries, max_bytes=self.max_bytes)

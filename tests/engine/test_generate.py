@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -526,3 +528,43 @@ def test_every_architecture_loads_and_generates(tiny_model: Path) -> None:
     done = done_of(generate(model, chat("Hello!", max_tokens=20)))
     assert done.usage.completion_tokens == 20
     assert len(set(done.token_ids)) > 3
+
+
+def test_the_store_serves_a_reader_while_another_thread_takes_and_keeps(
+    loaded: LoadedModel,
+) -> None:
+    # The app's thread looks at the store (and clears it) while a prefill worker takes and keeps
+    # entries: a look in the middle of a take found a branch whose entry had just left.
+    store = loaded.prompt_cache
+    store.clear()
+    base = render_prompt(loaded, chat("Hello there."))
+    cache, rest = store.take(loaded.model, base)
+    loaded.model(mx.array(rest)[None], cache=cache)
+    store.keep(base, cache)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def take_and_keep() -> None:
+        try:
+            turn = 0
+            while not stop.is_set():
+                branch = [*base, *range(turn % 5 + 1)]  # branches come and go under `base`
+                taken, _ = store.take(loaded.model, branch)
+                store.keep(branch[: taken[0].offset], taken)
+                turn += 1
+        except BaseException as error:
+            errors.append(error)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads trade the GIL often: every race gets its turn
+    worker = threading.Thread(target=take_and_keep)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not errors:
+            assert store.reusable([*base, 9, 9]) <= len(base)
+    finally:
+        stop.set()
+        worker.join()
+        sys.setswitchinterval(switch)
+    assert not errors
