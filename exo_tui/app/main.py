@@ -81,6 +81,7 @@ from exo_tui.tools import builtin_registry
 CONTEXT_LENGTH = 4096
 # Seconds without a key press before the typed message is prefilled: between bursts of typing.
 DRAFT_PREFILL_DELAY = 0.3
+ATTACH_POLL_S = 0.005  # how often a finished answer looks whether it is on screen yet
 # How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The
 # engine's thread needs it for a moment each token, between computations that run without it;
 # while the screen redraws it waited up to 5 ms each time: tok/s through the app against
@@ -755,14 +756,18 @@ class ExoTuiApp(App[None]):
                 try:
                     event = next(turn)
                 except StopIteration as done:
-                    answer.post_message(AnswerView.Feed(pending))
+                    if self._wait_until_attached(answer):
+                        answer.post_message(AnswerView.Feed(pending))
                     self.post_message(TurnEnded(done.value))
                     return done.value
                 # Tokens arrive faster than a screen redraws: text goes in paced batches (the
-                # first at once); anything else at once.
+                # first at once); anything else at once. The engine starts before the answer is
+                # mounted, and a widget outside the DOM cannot take a message from a thread (it
+                # finds no app): until it is mounted, everything waits here.
                 coalesce(pending, event)
                 now = time.monotonic()
-                if not isinstance(event, TextChunk | ReasoningChunk) or pacer.due(now):
+                due = not isinstance(event, TextChunk | ReasoningChunk) or pacer.due(now)
+                if due and answer.is_attached:
                     answer.post_message(AnswerView.Feed(pending))
                     pending = []
                     pacer.sent(now)
@@ -771,6 +776,14 @@ class ExoTuiApp(App[None]):
         except Exception as error:  # the app keeps running, the chat keeps its history
             self.post_message(TurnEnded([], error=f"{type(error).__name__}: {error}"))
         return None
+
+    def _wait_until_attached(self, answer: AnswerView) -> bool:
+        """In a worker: wait for `answer` to be mounted; False when the app exits first."""
+        while not answer.is_attached:
+            if not self.is_running:
+                return False
+            time.sleep(ATTACH_POLL_S)
+        return True
 
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:

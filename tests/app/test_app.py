@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,29 @@ async def test_launch_draws_every_layer_then_chat_streams_and_is_stored(models_d
         assert [m.role for m in stored] == ["system", "user", "assistant"]
         assert stored[1].content == "Hello there"
         assert stored[2].content == answer.text.strip()
+
+
+async def test_an_answer_done_before_it_is_on_screen_is_shown_whole(
+    models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a loaded machine the engine can finish before the app's thread mounts the answer: its
+    # chunks wait for the mount, they are not lost (nor raise NoActiveAppError in the worker).
+    add_turn = ChatPane.add_turn
+
+    def slow_add_turn(pane: ChatPane, text: str, answer: AnswerView) -> object:
+        time.sleep(0.5)  # the GIL is free: the worker generates every token meanwhile
+        return add_turn(pane, text, answer)
+
+    monkeypatch.setattr(ChatPane, "add_turn", slow_add_turn)
+    app = make_app(models_dir)
+    app.max_tokens = 4
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(app, pilot)
+        await pilot.click(PromptInput)
+        await pilot.press(*"Hello there", "enter")
+        await wait_until(pilot, lambda: bool(app.query(StatsLine)) and not app._generating)
+        assert not [n.message for n in app._notifications if n.severity == "error"]
+        assert app.query_one(AnswerView).text.strip() == app.messages[-1].content
 
 
 async def test_escape_stops_the_answer(models_dir: Path) -> None:
