@@ -17,7 +17,8 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model as mlx_lm_load_model  # pyright: ignore[reportUnknownVariableType]
 from mlx_lm.utils import load_tokenizer  # pyright: ignore[reportUnknownVariableType]
 
-from engine import attention, blas
+from engine import attention, blas, kernels
+from engine.kernels import routing
 from engine.errors import ModelFormatError
 from engine.harmony import stop_token_ids
 from engine.models import missing_weight_files, read_card
@@ -39,6 +40,7 @@ class LoadedModel:
     card: ModelCard
     config: dict[str, Any]
     blas: str
+    kernels: str = field(default_factory=kernels.describe)
     prompt_cache: ConversationCache = field(default_factory=ConversationCache)
 
     @property
@@ -138,6 +140,8 @@ def load_model(
     blas_in_use = blas.describe()
     model, config, tokenizer, card = open_lazy(path, layer_range)
     layers = prepare(model, config) if prepare is not None else transformer_layers(model)
+    # After `prepare`: tensor parallelism swaps in sharded linears, which are routed too.
+    routing.install(model)
     # Embeddings, final norm and head first, so the last report (n/n) means ready.
     layer_ids = {id(array) for layer in layers for _, array in _leaves(layer)}
     rest = [array for _, array in _leaves(model) if id(array) not in layer_ids]

@@ -1,0 +1,105 @@
+"""Fast CPU matmul kernels for MLX: quantized (MLX's affine 4- and 8-bit format) and 16-bit.
+
+MLX's x86 CPU kernels for these products are scalar loops, so every mlx-community model (4-bit,
+8-bit, bf16) ran at a fraction of the memory speed here. `_kernels` is a C++ extension built at
+install with MLX's own extension support (csrc/, CMakeLists.txt): MLX primitives with `eval_cpu`,
+vectorised for AVX-512 and AVX2 (chosen from what the CPU reports at run time) with a portable
+build for every other CPU, multithreaded over output rows. Few rows of x (decoding) run as GEMVs
+on the packed weights; many rows (prefill) dequantize a tile at a time for BLAS. Weights stay in
+their stored format.
+
+`engine.kernels.routing.install(model)` routes a loaded model's linears here when MLX computes on
+the CPU. `EXO_TUI_KERNELS=mlx` keeps MLX's own kernels. Where the extension is absent (no
+compiler at install) or was built for another MLX release, the engine runs on MLX's kernels and
+says so once.
+"""
+# pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false, reportUnknownVariableType=false
+# (the extension module ships no type information.)
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+from types import ModuleType
+from typing import Any, cast
+
+import mlx.core as mx
+
+log = logging.getLogger(__name__)
+
+QUANTIZED_BITS = (4, 8)
+GROUP_SIZES = (32, 64, 128)
+HALF_TYPES = (mx.bfloat16, mx.float16)
+SLOW_NOTE = (
+    "MLX's own CPU kernels for quantized and 16-bit weights are scalar: 4-bit and bf16 models run "
+    "many times slower"
+)
+
+
+@functools.cache
+def _load() -> tuple[ModuleType | None, str]:
+    """The extension and a line on it, or None and why it is not used."""
+    setting = os.environ.get("EXO_TUI_KERNELS", "auto").strip().lower()
+    if setting in ("mlx", "off", "0", "no"):
+        return None, "mlx (EXO_TUI_KERNELS=mlx)"
+    try:
+        module = importlib.import_module("engine.kernels._kernels")
+    except ImportError as error:
+        return None, (
+            f"mlx (the kernel extension is not built: {error}). {SLOW_NOTE}; to build it, install "
+            "a C++ compiler and cmake (Debian: apt install g++ cmake), then pip install -e ."
+        )
+    built_for = cast(str, module.built_for_mlx)
+    running = mx.__version__.split(".dev")[0]
+    if built_for != running:
+        return None, (
+            f"mlx (the kernel extension was built for MLX {built_for}, this is MLX {running}, and "
+            f"MLX's C++ ABI differs between releases). {SLOW_NOTE}; rebuild it: pip install -e ."
+        )
+    return module, f"{module.isa()} ({module.threads()} threads)"
+
+
+def extension() -> Any | None:
+    """The loaded extension module, or None where the kernels are off or unavailable."""
+    return _load()[0]
+
+
+def available() -> bool:
+    return extension() is not None
+
+
+def describe() -> str:
+    """Which CPU kernels run: `avx512 (2 threads)`, or `mlx (...why...)`."""
+    return _load()[1]
+
+
+def short() -> str:
+    """`cpu kernels: avx512`, for a node's card and `exo-tui models`."""
+    return f"cpu kernels: {describe().split(' ', 1)[0]}"
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    log.warning(message)
+
+
+def covers_quantized(bits: int, group_size: int, mode: str, has_biases: bool) -> bool:
+    return mode == "affine" and has_biases and bits in QUANTIZED_BITS and group_size in GROUP_SIZES
+
+
+def quantized_matmul(
+    x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int
+) -> mx.array:
+    """x @ dequantize(w, scales, biases).T through the extension (which must be available)."""
+    module = extension()
+    assert module is not None
+    return cast(mx.array, module.quantized_matmul(x, w, scales, biases, group_size, bits))
+
+
+def half_matmul(x: mx.array, w: mx.array) -> mx.array:
+    """x @ w.T for a bfloat16 or float16 `w` through the extension (which must be available)."""
+    module = extension()
+    assert module is not None
+    return cast(mx.array, module.half_matmul(x, w))

@@ -1,0 +1,38 @@
+// Python bindings: the ops, and what the extension was built against and runs on.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "kernels.h"
+#include "matmul.h"
+#include "mlx/version.h"
+#include "primitives.h"
+#include "threads.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+#define EXO_STR2(x) #x
+#define EXO_STR(x) EXO_STR2(x)
+
+NB_MODULE(_kernels, m) {
+  m.doc() = "exo-tui's CPU matmul kernels as MLX primitives";
+  // The MLX release whose headers this was compiled against: MLX's C++ ABI is not stable, so
+  // the Python side refuses the extension under any other release.
+  m.attr("built_for_mlx") = EXO_STR(MLX_VERSION_MAJOR) "." EXO_STR(MLX_VERSION_MINOR) "." EXO_STR(
+      MLX_VERSION_PATCH);
+  m.def("quantized_matmul", &exo_kernels::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
+        "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "x @ dequantize(w, scales, biases).T for MLX's affine 4- and 8-bit weights");
+  m.def("half_matmul", &exo_kernels::half_matmul, "x"_a, "w"_a, nb::kw_only(),
+        "stream"_a = nb::none(), "x @ w.T for bfloat16 or float16 weights");
+  m.def("isa", [] { return std::string(exo_kernels::best_isa().name); },
+        "The instruction set the kernels run with on this CPU");
+  m.def("isa_supported", [](const std::string& name) {
+    return exo_kernels::isa_supported(name.c_str());
+  });
+  m.def("threads", &exo_kernels::thread_count);
+  m.def("set_threads", &exo_kernels::set_thread_count, "threads"_a);
+  m.def("gemv_max_rows", [] { return exo_kernels::gemv_max_rows; });
+  m.def("set_gemv_max_rows", [](int rows) { exo_kernels::gemv_max_rows = rows; }, "rows"_a);
+}

@@ -1,0 +1,327 @@
+// The kernels, written once over GCC/Clang vector extensions and compiled once per instruction
+// set: each isa_*.cpp defines ISA_NS, ISA_NAME and LANES, then includes this file with its own
+// compiler flags, so a table never holds an instruction its CPU check did not allow.
+#include <cmath>
+#include <cstring>
+
+#include "half_bits.h"
+#include "kernels.h"
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace exo_kernels {
+namespace ISA_NS {
+namespace {
+
+constexpr int L = LANES;
+typedef float vf __attribute__((vector_size(L * 4)));
+typedef int32_t vi __attribute__((vector_size(L * 4)));
+typedef uint32_t vu __attribute__((vector_size(L * 4)));
+typedef uint8_t vb __attribute__((vector_size(L)));
+typedef uint16_t vh __attribute__((vector_size(L * 2)));
+
+// Scale and bias storage types.
+struct bf16 {
+  uint16_t bits;
+};
+struct f16 {
+  uint16_t bits;
+};
+inline float to_float(float v) { return v; }
+inline float to_float(bf16 v) { return bf16_to_float(v.bits); }
+inline float to_float(f16 v) { return f16_to_float(v.bits); }
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+
+// L bytes, each zero-extended to a 32-bit lane.
+inline vi load_bytes(const uint8_t* p) {
+#if defined(__AVX512F__) && LANES == 16
+  return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#elif defined(__AVX2__) && LANES == 8
+  return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+#endif
+  vb b;
+  std::memcpy(&b, p, sizeof(b));
+  return __builtin_convertvector(b, vi);
+}
+inline vf to_vf(vi v) { return __builtin_convertvector(v, vf); }
+
+inline vf load_bf16(const uint16_t* p) {
+  vh h;
+  std::memcpy(&h, p, sizeof(h));
+  vu u = __builtin_convertvector(h, vu) << 16;
+  return (vf)u;
+}
+
+inline vf load_f16(const uint16_t* p) {
+#if defined(__AVX512F__) && LANES == 16
+  return (vf)_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__F16C__) && LANES == 8
+  return (vf)_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  vf v;
+  for (int i = 0; i < L; ++i) v[i] = f16_to_float(p[i]);
+  return v;
+#endif
+}
+
+template <typename H>
+inline vf load_half(const uint16_t* p) {
+  if constexpr (std::is_same_v<H, bf16>) return load_bf16(p);
+  else return load_f16(p);
+}
+template <typename H>
+inline float half_to_float(uint16_t v) {
+  if constexpr (std::is_same_v<H, bf16>) return bf16_to_float(v);
+  else return f16_to_float(v);
+}
+
+inline float hsum(vf v) {
+  float s = 0.0f;
+  for (int i = 0; i < L; ++i) s += v[i];
+  return s;
+}
+
+// A block of NR weight rows against MR rows of x. The NR * MR accumulator chains are
+// independent, which hides the FMA latency; each weight chunk is unpacked once for all MR rows.
+template <int MR, int NR, int BITS, typename S>
+inline void quantized_block(const QuantizedArgs& a, int n, int m0) {
+  const int k_all = a.k, gs = a.group_size, groups = k_all / gs;
+  constexpr int per_chunk = BITS == 4 ? 2 * L : L;  // values in L bytes
+  const int chunks = gs / per_chunk;
+  const std::size_t row_bytes = static_cast<std::size_t>(k_all) * BITS / 8;
+  const float* x = a.x + static_cast<std::size_t>(m0) * k_all;
+  const float* xsum = a.xsum + static_cast<std::size_t>(m0) * groups;
+  const uint8_t* rows[NR];
+  const S* scales[NR];
+  const S* biases[NR];
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = reinterpret_cast<const uint8_t*>(a.w) + static_cast<std::size_t>(n + r) * row_bytes;
+    scales[r] = static_cast<const S*>(a.scales) + static_cast<std::size_t>(n + r) * groups;
+    biases[r] = static_cast<const S*>(a.biases) + static_cast<std::size_t>(n + r) * groups;
+  }
+  vf total[NR][MR] = {};
+  float bias[NR][MR] = {};
+  for (int g = 0; g < groups; ++g) {
+    vf acc[NR][MR] = {};
+    for (int c = 0; c < chunks; ++c) {
+      const int k = g * gs + c * per_chunk;
+      for (int r = 0; r < NR; ++r) {
+        const vi u = load_bytes(rows[r] + k * BITS / 8);
+        if constexpr (BITS == 4) {
+          const vf lo = to_vf(u & 15), hi = to_vf(u >> 4);
+          for (int m = 0; m < MR; ++m)
+            acc[r][m] += lo * load(x + m * k_all + k) + hi * load(x + m * k_all + k + L);
+        } else {
+          const vf q = to_vf(u);
+          for (int m = 0; m < MR; ++m) acc[r][m] += q * load(x + m * k_all + k);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      const float s = to_float(scales[r][g]), b = to_float(biases[r][g]);
+      for (int m = 0; m < MR; ++m) {
+        total[r][m] += acc[r][m] * s;
+        bias[r][m] += b * xsum[m * groups + g];
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m)
+      a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n + r] = hsum(total[r][m]) + bias[r][m];
+}
+
+template <int MR, int BITS, typename S>
+inline void quantized_rows(const QuantizedArgs& a, int n0, int n1, int m0) {
+  constexpr int NR = MR == 1 ? 4 : 2;
+  int n = n0;
+  for (; n + NR <= n1; n += NR) quantized_block<MR, NR, BITS, S>(a, n, m0);
+  for (; n < n1; ++n) quantized_block<MR, 1, BITS, S>(a, n, m0);
+}
+
+template <int BITS, typename S>
+void quantized_gemv_typed(const QuantizedArgs& a, int n0, int n1) {
+  int m = 0;
+  for (; m + 4 <= a.rows; m += 4) quantized_rows<4, BITS, S>(a, n0, n1, m);
+  switch (a.rows - m) {
+    case 3: quantized_rows<3, BITS, S>(a, n0, n1, m); break;
+    case 2: quantized_rows<2, BITS, S>(a, n0, n1, m); break;
+    case 1: quantized_rows<1, BITS, S>(a, n0, n1, m); break;
+    default: break;
+  }
+}
+
+template <int BITS, typename S>
+void quantized_dequantize_typed(const QuantizedArgs& a, int n0, int n1, float* tile) {
+  const int k_all = a.k, gs = a.group_size, groups = k_all / gs;
+  constexpr int per_chunk = BITS == 4 ? 2 * L : L;
+  const int chunks = gs / per_chunk;
+  const std::size_t row_bytes = static_cast<std::size_t>(k_all) * BITS / 8;
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(a.w) + static_cast<std::size_t>(n) * row_bytes;
+    const S* scales = static_cast<const S*>(a.scales) + static_cast<std::size_t>(n) * groups;
+    const S* biases = static_cast<const S*>(a.biases) + static_cast<std::size_t>(n) * groups;
+    float* out = tile + static_cast<std::size_t>(n - n0) * k_all;
+    for (int g = 0; g < groups; ++g) {
+      const vf s = vf{} + to_float(scales[g]), b = vf{} + to_float(biases[g]);
+      for (int c = 0; c < chunks; ++c) {
+        const int k = g * gs + c * per_chunk;
+        const vi u = load_bytes(row + k * BITS / 8);
+        if constexpr (BITS == 4) {
+          // The order of the prepared x: a chunk's even positions, then its odd ones.
+          store(out + k, to_vf(u & 15) * s + b);
+          store(out + k + L, to_vf(u >> 4) * s + b);
+        } else {
+          store(out + k, to_vf(u) * s + b);
+        }
+      }
+    }
+  }
+}
+
+void quantized_gemv(const QuantizedArgs& a, int n0, int n1) {
+  const bool four = a.bits == 4;
+  switch (a.scale_type) {
+    case Scalar::f32:
+      return four ? quantized_gemv_typed<4, float>(a, n0, n1) : quantized_gemv_typed<8, float>(a, n0, n1);
+    case Scalar::bf16:
+      return four ? quantized_gemv_typed<4, bf16>(a, n0, n1) : quantized_gemv_typed<8, bf16>(a, n0, n1);
+    case Scalar::f16:
+      return four ? quantized_gemv_typed<4, f16>(a, n0, n1) : quantized_gemv_typed<8, f16>(a, n0, n1);
+  }
+}
+
+void quantized_dequantize(const QuantizedArgs& a, int n0, int n1, float* tile) {
+  const bool four = a.bits == 4;
+  switch (a.scale_type) {
+    case Scalar::f32:
+      return four ? quantized_dequantize_typed<4, float>(a, n0, n1, tile)
+                  : quantized_dequantize_typed<8, float>(a, n0, n1, tile);
+    case Scalar::bf16:
+      return four ? quantized_dequantize_typed<4, bf16>(a, n0, n1, tile)
+                  : quantized_dequantize_typed<8, bf16>(a, n0, n1, tile);
+    case Scalar::f16:
+      return four ? quantized_dequantize_typed<4, f16>(a, n0, n1, tile)
+                  : quantized_dequantize_typed<8, f16>(a, n0, n1, tile);
+  }
+}
+
+template <int MR, int NR, typename H>
+inline void half_block(const HalfArgs& a, int n, int m0) {
+  const int k_all = a.k, k_vec = k_all - k_all % L;
+  const float* x = a.x + static_cast<std::size_t>(m0) * k_all;
+  const uint16_t* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = a.w + static_cast<std::size_t>(n + r) * k_all;
+  vf acc[NR][MR] = {};
+  for (int k = 0; k < k_vec; k += L) {
+    for (int r = 0; r < NR; ++r) {
+      const vf w = load_half<H>(rows[r] + k);
+      for (int m = 0; m < MR; ++m) acc[r][m] += w * load(x + m * k_all + k);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int m = 0; m < MR; ++m) {
+      float s = hsum(acc[r][m]);
+      for (int k = k_vec; k < k_all; ++k) s += x[m * k_all + k] * half_to_float<H>(rows[r][k]);
+      a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n + r] = s;
+    }
+  }
+}
+
+template <int MR, typename H>
+inline void half_rows(const HalfArgs& a, int n0, int n1, int m0) {
+  constexpr int NR = MR == 1 ? 4 : 2;
+  int n = n0;
+  for (; n + NR <= n1; n += NR) half_block<MR, NR, H>(a, n, m0);
+  for (; n < n1; ++n) half_block<MR, 1, H>(a, n, m0);
+}
+
+template <typename H>
+void half_gemv_typed(const HalfArgs& a, int n0, int n1) {
+  int m = 0;
+  for (; m + 4 <= a.rows; m += 4) half_rows<4, H>(a, n0, n1, m);
+  switch (a.rows - m) {
+    case 3: half_rows<3, H>(a, n0, n1, m); break;
+    case 2: half_rows<2, H>(a, n0, n1, m); break;
+    case 1: half_rows<1, H>(a, n0, n1, m); break;
+    default: break;
+  }
+}
+
+void half_gemv(const HalfArgs& a, int n0, int n1) {
+  if (a.w_type == Scalar::bf16) half_gemv_typed<bf16>(a, n0, n1);
+  else half_gemv_typed<f16>(a, n0, n1);
+}
+
+void half_widen(const HalfArgs& a, int n0, int n1, float* tile) {
+  const std::size_t count = static_cast<std::size_t>(n1 - n0) * a.k;
+  const uint16_t* in = a.w + static_cast<std::size_t>(n0) * a.k;
+  std::size_t i = 0;
+  if (a.w_type == Scalar::bf16) {
+    for (; i + L <= count; i += L) store(tile + i, load_bf16(in + i));
+    for (; i < count; ++i) tile[i] = bf16_to_float(in[i]);
+  } else {
+    for (; i + L <= count; i += L) store(tile + i, load_f16(in + i));
+    for (; i < count; ++i) tile[i] = f16_to_float(in[i]);
+  }
+}
+
+void to_f32(const void* in, Scalar type, std::size_t count, float* out) {
+  const uint16_t* h = static_cast<const uint16_t*>(in);
+  std::size_t i = 0;
+  switch (type) {
+    case Scalar::f32: std::memcpy(out, in, count * sizeof(float)); return;
+    case Scalar::bf16:
+      for (; i + L <= count; i += L) store(out + i, load_bf16(h + i));
+      for (; i < count; ++i) out[i] = bf16_to_float(h[i]);
+      return;
+    case Scalar::f16:
+      for (; i + L <= count; i += L) store(out + i, load_f16(h + i));
+      for (; i < count; ++i) out[i] = f16_to_float(h[i]);
+      return;
+  }
+}
+
+void from_f32(const float* in, Scalar type, std::size_t count, void* out) {
+  uint16_t* h = static_cast<uint16_t*>(out);
+  switch (type) {
+    case Scalar::f32: std::memcpy(out, in, count * sizeof(float)); return;
+    case Scalar::bf16:
+      for (std::size_t i = 0; i < count; ++i) h[i] = float_to_bf16(in[i]);
+      return;
+    case Scalar::f16: {
+      std::size_t i = 0;
+#if defined(__F16C__)
+      for (; i + 8 <= count; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+      for (; i < count; ++i) h[i] = float_to_f16(in[i]);
+      return;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ISA_NS
+
+extern const Isa ISA_TABLE;
+const Isa ISA_TABLE = {
+    ISA_NAME,
+    ISA_NS::L,
+    ISA_NS::quantized_gemv,
+    ISA_NS::half_gemv,
+    ISA_NS::quantized_dequantize,
+    ISA_NS::half_widen,
+    ISA_NS::to_f32,
+    ISA_NS::from_f32,
+};
+
+}  // namespace exo_kernels

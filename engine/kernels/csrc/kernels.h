@@ -1,0 +1,67 @@
+// The kernels' interface: one table of functions per instruction set, chosen at run time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace exo_kernels {
+
+enum class Scalar : int { f32 = 0, bf16 = 1, f16 = 2 };
+
+// out[m, n] = sum_k x[m, k] * (scale[n, g] * q[n, k] + bias[n, g]), g = k / group_size.
+// `x` is fp32, prepared by `prepare_x` (for 4 bits the halves of each chunk of 2 * lanes values
+// are split into even and odd positions, matching the nibbles of a byte); `xsum` holds the sum of
+// x over each group, for the bias term.
+struct QuantizedArgs {
+  const float* x;
+  const float* xsum;
+  int rows;  // M
+  int k;
+  int n;
+  const uint32_t* w;  // [n, k * bits / 32]
+  const void* scales;  // [n, k / group_size]
+  const void* biases;
+  Scalar scale_type;
+  int group_size;
+  int bits;
+  float* out;  // [M, ldo] fp32
+  int ldo;
+};
+
+// out[m, n] = sum_k x[m, k] * w[n, k], with w in bf16 or fp16.
+struct HalfArgs {
+  const float* x;  // [M, k] fp32
+  int rows;
+  int k;
+  int n;
+  const uint16_t* w;  // [n, k]
+  Scalar w_type;
+  float* out;  // [M, ldo] fp32
+  int ldo;
+};
+
+struct Isa {
+  const char* name;
+  int lanes;  // fp32 lanes of one vector
+  // The output rows [n0, n1) of a product with few rows of x (decoding).
+  void (*quantized_gemv)(const QuantizedArgs&, int n0, int n1);
+  void (*half_gemv)(const HalfArgs&, int n0, int n1);
+  // Weight rows [n0, n1) as fp32, row-major into `tile` (row n0 first), for BLAS.
+  void (*quantized_dequantize)(const QuantizedArgs&, int n0, int n1, float* tile);
+  void (*half_widen)(const HalfArgs&, int n0, int n1, float* tile);
+  // Elementwise conversions, for inputs and outputs.
+  void (*to_f32)(const void* in, Scalar type, std::size_t count, float* out);
+  void (*from_f32)(const float* in, Scalar type, std::size_t count, void* out);
+};
+
+extern const Isa isa_avx512;
+extern const Isa isa_avx2;
+extern const Isa isa_portable;
+
+// The best table this CPU runs (EXO_TUI_KERNELS_ISA=avx2|portable caps it, for tests).
+const Isa& best_isa();
+// Whether this CPU (and its OS) runs the named table's instructions.
+bool isa_supported(const char* name);
+const Isa* isa_by_name(const char* name);
+
+}  // namespace exo_kernels

@@ -1,0 +1,142 @@
+#include "matmul.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "threads.h"
+
+extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
+                            const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                            int ldc);
+
+namespace exo_kernels {
+
+int gemv_max_rows = 6;
+
+namespace {
+
+constexpr int CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112;
+// A tile of dequantized weights holds about this many floats (4 MiB): big enough for BLAS to run
+// at full speed, small enough to stay in the caches between the dequantizing and the product.
+constexpr std::size_t TILE_FLOATS = std::size_t{1} << 20;
+
+// Buffers kept per thread between calls, so a decoding step allocates nothing.
+struct Scratch {
+  std::vector<float> x, prepared, sums, out, tile;
+};
+Scratch& scratch() {
+  thread_local Scratch buffers;
+  return buffers;
+}
+
+float* sized(std::vector<float>& buffer, std::size_t count) {
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
+const float* as_f32(const Isa& isa, const void* in, Scalar type, std::size_t count,
+                    std::vector<float>& buffer) {
+  if (type == Scalar::f32) return static_cast<const float*>(in);
+  float* out = sized(buffer, count);
+  isa.to_f32(in, type, count, out);
+  return out;
+}
+
+// Rows [0, n) split into `parts` ranges, each a multiple of `align` rows but the last.
+std::pair<int, int> share(int n, int parts, int part, int align) {
+  const int blocks = (n + align - 1) / align;
+  const int b0 = static_cast<int>(static_cast<long>(blocks) * part / parts);
+  const int b1 = static_cast<int>(static_cast<long>(blocks) * (part + 1) / parts);
+  return {std::min(n, b0 * align), std::min(n, b1 * align)};
+}
+
+void gemv_parallel(int n, const std::function<void(int, int)>& rows) {
+  const int parts = std::max(1, std::min(thread_count(), (n + 3) / 4));
+  parallel_for(parts, [&](int part) {
+    const auto [n0, n1] = share(n, parts, part, 4);
+    if (n0 < n1) rows(n0, n1);
+  });
+}
+
+// BLAS on tiles of `tile_rows` weight rows, each widened to fp32 by the threads first.
+void tiled_gemm(const float* x, int rows, int k, int n, float* out,
+                const std::function<void(int, int, float*)>& widen) {
+  const int tile_rows = static_cast<int>(std::clamp<std::size_t>(TILE_FLOATS / k, 16, 4096));
+  float* tile = sized(scratch().tile, static_cast<std::size_t>(tile_rows) * k);
+  for (int t0 = 0; t0 < n; t0 += tile_rows) {
+    const int t1 = std::min(n, t0 + tile_rows);
+    const int parts = std::max(1, std::min(thread_count(), (t1 - t0) / 8));
+    parallel_for(parts, [&](int part) {
+      const auto [a, b] = share(t1 - t0, parts, part, 8);
+      if (a < b) widen(t0 + a, t0 + b, tile + static_cast<std::size_t>(a) * k);
+    });
+    cblas_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, t1 - t0, k, 1.0f, x, k, tile,
+                k, 0.0f, out + t0, n);
+  }
+}
+
+}  // namespace
+
+void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, const uint32_t* w,
+                      const void* scales, const void* biases, Scalar scale_type, int n,
+                      int group_size, int bits, void* out, Scalar out_type) {
+  const Isa& isa = best_isa();
+  Scratch& s = scratch();
+  const std::size_t x_count = static_cast<std::size_t>(rows) * k;
+  const float* x = as_f32(isa, x_in, x_type, x_count, s.x);
+  const int groups = k / group_size;
+  // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
+  // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
+  // order, so the dot products are unchanged.
+  const float* prepared = x;
+  if (bits == 4) {
+    float* p = sized(s.prepared, x_count);
+    const int chunk = 2 * isa.lanes, half = isa.lanes;
+    for (std::size_t base = 0; base < x_count; base += chunk)
+      for (int i = 0; i < half; ++i) {
+        p[base + i] = x[base + 2 * i];
+        p[base + half + i] = x[base + 2 * i + 1];
+      }
+    prepared = p;
+  }
+  float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
+  for (int m = 0; m < rows; ++m)
+    for (int g = 0; g < groups; ++g) {
+      float total = 0.0f;
+      const float* v = x + static_cast<std::size_t>(m) * k + static_cast<std::size_t>(g) * group_size;
+      for (int i = 0; i < group_size; ++i) total += v[i];
+      sums[m * groups + g] = total;
+    }
+  const std::size_t out_count = static_cast<std::size_t>(rows) * n;
+  float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
+  QuantizedArgs args{prepared, sums, rows, k, n, w, scales, biases, scale_type, group_size, bits,
+                     out32, n};
+  if (rows <= gemv_max_rows) {
+    gemv_parallel(n, [&](int n0, int n1) { isa.quantized_gemv(args, n0, n1); });
+  } else {
+    tiled_gemm(prepared, rows, k, n, out32, [&](int n0, int n1, float* tile) {
+      isa.quantized_dequantize(args, n0, n1, tile);
+    });
+  }
+  if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
+}
+
+void run_half_matmul(const void* x_in, Scalar x_type, int rows, int k, const uint16_t* w, Scalar w_type,
+                 int n, void* out, Scalar out_type) {
+  const Isa& isa = best_isa();
+  Scratch& s = scratch();
+  const float* x = as_f32(isa, x_in, x_type, static_cast<std::size_t>(rows) * k, s.x);
+  const std::size_t out_count = static_cast<std::size_t>(rows) * n;
+  float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
+  HalfArgs args{x, rows, k, n, w, w_type, out32, n};
+  if (rows <= gemv_max_rows) {
+    gemv_parallel(n, [&](int n0, int n1) { isa.half_gemv(args, n0, n1); });
+  } else {
+    tiled_gemm(x, rows, k, n, out32,
+               [&](int n0, int n1, float* tile) { isa.half_widen(args, n0, n1, tile); });
+  }
+  if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
+}
+
+}  // namespace exo_kernels

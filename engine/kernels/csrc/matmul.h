@@ -1,0 +1,23 @@
+// The two products, on plain buffers: they pick the instruction set, split the work among the
+// threads and choose between the GEMV path (few rows) and dequantized tiles through BLAS.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace exo_kernels {
+
+// out[M, N] = x[M, K] @ dequantize(w, scales, biases)[N, K]^T (MLX's affine format).
+void run_quantized_matmul(const void* x, Scalar x_type, int rows, int k, const uint32_t* w,
+                      const void* scales, const void* biases, Scalar scale_type, int n,
+                      int group_size, int bits, void* out, Scalar out_type);
+
+// out[M, N] = x[M, K] @ w[N, K]^T with w in bf16 or fp16.
+void run_half_matmul(const void* x, Scalar x_type, int rows, int k, const uint16_t* w, Scalar w_type,
+                 int n, void* out, Scalar out_type);
+
+// Up to this many rows of x a product runs as GEMVs; past it, as BLAS on dequantized tiles.
+extern int gemv_max_rows;
+
+}  // namespace exo_kernels

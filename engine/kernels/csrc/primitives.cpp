@@ -1,0 +1,144 @@
+#include "primitives.h"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "matmul.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace exo_kernels {
+
+namespace {
+
+Scalar scalar_of(mx::Dtype dtype, const char* what) {
+  if (dtype == mx::float32) return Scalar::f32;
+  if (dtype == mx::bfloat16) return Scalar::bf16;
+  if (dtype == mx::float16) return Scalar::f16;
+  std::ostringstream message;
+  message << what << " must be float32, bfloat16 or float16";
+  throw std::invalid_argument(message.str());
+}
+
+mx::Shape with_last(const mx::array& x, int last) {
+  mx::Shape shape = x.shape();
+  shape.back() = last;
+  return shape;
+}
+
+mx::Stream cpu_stream(mx::StreamOrDevice s) {
+  mx::Stream stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu)
+    throw std::invalid_argument("the exo-tui CPU kernels run on the CPU only");
+  return stream;
+}
+
+}  // namespace
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const mx::array& biases, int group_size, int bits,
+                           mx::StreamOrDevice s) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    throw std::invalid_argument("group_size must be 32, 64 or 128");
+  if (w.dtype() != mx::uint32 || w.ndim() != 2)
+    throw std::invalid_argument("w must be a 2-D uint32 array (MLX's packed weights)");
+  if (x.ndim() < 1) throw std::invalid_argument("x must have at least one dimension");
+  const int n = w.shape(0);
+  const int k = w.shape(1) * 32 / bits;
+  if (x.shape(-1) != k) {
+    std::ostringstream message;
+    message << "x has " << x.shape(-1) << " features but the weights take " << k;
+    throw std::invalid_argument(message.str());
+  }
+  const mx::Shape groups_shape{n, k / group_size};
+  if (scales.shape() != groups_shape || biases.shape() != groups_shape)
+    throw std::invalid_argument("scales and biases must be [rows, features / group_size]");
+  if (scales.dtype() != biases.dtype())
+    throw std::invalid_argument("scales and biases must share a dtype");
+  scalar_of(x.dtype(), "x");
+  scalar_of(scales.dtype(), "scales");
+  mx::Stream stream = cpu_stream(s);
+  const mx::Dtype out_type = mx::promote_types(x.dtype(), scales.dtype());
+  return mx::array(
+      with_last(x, n), out_type, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
+      {mx::contiguous(mx::astype(x, out_type, stream), false, stream),
+       mx::contiguous(w, false, stream), mx::contiguous(scales, false, stream),
+       mx::contiguous(biases, false, stream)});
+}
+
+mx::array half_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s) {
+  if (w.ndim() != 2 || (w.dtype() != mx::bfloat16 && w.dtype() != mx::float16))
+    throw std::invalid_argument("w must be a 2-D bfloat16 or float16 array");
+  if (x.ndim() < 1 || x.shape(-1) != w.shape(1)) {
+    std::ostringstream message;
+    message << "x's last dimension must equal w's " << w.shape(1);
+    throw std::invalid_argument(message.str());
+  }
+  scalar_of(x.dtype(), "x");
+  mx::Stream stream = cpu_stream(s);
+  const mx::Dtype out_type = mx::promote_types(x.dtype(), w.dtype());
+  return mx::array(with_last(x, w.shape(0)), out_type, std::make_shared<CpuHalfMatmul>(stream),
+                   {mx::contiguous(mx::astype(x, out_type, stream), false, stream),
+                    mx::contiguous(w, false, stream)});
+}
+
+void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  const auto& scales = inputs[2];
+  const auto& biases = inputs[3];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_input_array(w);
+  encoder.set_input_array(scales);
+  encoder.set_input_array(biases);
+  encoder.set_output_array(out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
+                    scales = mx::array::unsafe_weak_copy(scales),
+                    biases = mx::array::unsafe_weak_copy(biases),
+                    out = mx::array::unsafe_weak_copy(out), group_size = group_size_,
+                    bits = bits_]() mutable {
+    const int n = w.shape(0);
+    const int k = x.shape(-1);
+    const int rows = k == 0 ? 0 : static_cast<int>(x.size() / k);
+    if (rows == 0 || n == 0) return;
+    run_quantized_matmul(x.data<void>(), scalar_of(x.dtype(), "x"), rows, k, w.data<uint32_t>(),
+                     scales.data<void>(), biases.data<void>(), scalar_of(scales.dtype(), "scales"),
+                     n, group_size, bits, out.data<void>(), scalar_of(out.dtype(), "out"));
+  });
+}
+
+void CpuQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuQuantizedMatmul runs on the CPU only; use mx.quantized_matmul");
+}
+
+bool CpuQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const CpuQuantizedMatmul&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_;
+}
+
+void CpuHalfMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_input_array(w);
+  encoder.set_output_array(out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
+                    out = mx::array::unsafe_weak_copy(out)]() mutable {
+    const int n = w.shape(0);
+    const int k = x.shape(-1);
+    const int rows = k == 0 ? 0 : static_cast<int>(x.size() / k);
+    if (rows == 0 || n == 0) return;
+    run_half_matmul(x.data<void>(), scalar_of(x.dtype(), "x"), rows, k, w.data<uint16_t>(),
+                scalar_of(w.dtype(), "w"), n, out.data<void>(), scalar_of(out.dtype(), "out"));
+  });
+}
+
+void CpuHalfMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuHalfMatmul runs on the CPU only; use a matmul");
+}
+
+}  // namespace exo_kernels

@@ -1,0 +1,115 @@
+"""Route a model's linears to the CPU kernels: mlx-lm's `QuantizedLinear`, `Linear` with 16-bit
+weights, `QuantizedEmbedding.as_linear` (a tied head) and the sharded linears that tensor
+parallelism uses. Each routed layer gets a subclass of its own class whose forward pass calls the
+kernels; its weights and parameters are untouched, so loading, sharding and the ring see the
+same module tree.
+"""
+# pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false, reportUnknownVariableType=false
+# pyright: reportUnknownArgumentType=false, reportAttributeAccessIssue=false
+# (mlx.nn ships no complete type information.)
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.nn.layers import distributed
+
+from engine import kernels
+
+_ROUTED = "_exo_tui_cpu_kernels"
+
+
+def _quantized_product(layer: Any, x: mx.array) -> mx.array:
+    return kernels.quantized_matmul(
+        x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits
+    )
+
+
+def _with_bias(layer: Any, y: mx.array) -> mx.array:
+    return y + layer["bias"] if "bias" in layer else y
+
+
+# Forward passes of the routed classes. The sharded ones mirror mlx.nn.layers.distributed's
+# (its `sum_gradients` on the input only matters for gradients, and inference takes none).
+def _quantized_linear(self: Any, x: mx.array) -> mx.array:
+    return _with_bias(self, _quantized_product(self, x))
+
+
+def _quantized_sharded_to_all(self: Any, x: mx.array) -> mx.array:
+    y = mx.distributed.all_sum(_quantized_product(self, x), group=self.group)
+    return _with_bias(self, y)
+
+
+def _half_linear(self: Any, x: mx.array) -> mx.array:
+    return _with_bias(self, kernels.half_matmul(x, self["weight"]))
+
+
+def _half_sharded_to_all(self: Any, x: mx.array) -> mx.array:
+    y = mx.distributed.all_sum(kernels.half_matmul(x, self["weight"]), group=self.group)
+    return _with_bias(self, y)
+
+
+def _quantized_as_linear(self: Any, x: mx.array) -> mx.array:
+    return _quantized_product(self, x)
+
+
+def _half_as_linear(self: Any, x: mx.array) -> mx.array:
+    return kernels.half_matmul(x, self["weight"])
+
+
+_QUANTIZED_FORWARD = {
+    nn.QuantizedLinear: ("__call__", _quantized_linear),
+    distributed.QuantizedAllToShardedLinear: ("__call__", _quantized_linear),
+    distributed.QuantizedShardedToAllLinear: ("__call__", _quantized_sharded_to_all),
+    nn.QuantizedEmbedding: ("as_linear", _quantized_as_linear),
+}
+_HALF_FORWARD = {
+    nn.Linear: ("__call__", _half_linear),
+    distributed.AllToShardedLinear: ("__call__", _half_linear),
+    distributed.ShardedToAllLinear: ("__call__", _half_sharded_to_all),
+    nn.Embedding: ("as_linear", _half_as_linear),
+}
+
+
+@functools.cache
+def _routed_class(cls: type, method: str, forward: Any) -> type:
+    return type(f"Cpu{cls.__name__}", (cls,), {method: forward, _ROUTED: True})
+
+
+def enabled() -> bool:
+    """True when MLX computes on the CPU and the extension is there and not turned off."""
+    return mx.default_device() == mx.cpu and kernels.available()
+
+
+def install(model: nn.Module) -> int:
+    """Route `model`'s linears to the kernels (when `enabled()`); the number of layers routed.
+    Layers the kernels do not cover keep MLX's kernels, and a line says so once."""
+    if not enabled():
+        if mx.default_device() == mx.cpu:
+            kernels.warn_once(f"CPU kernels: {kernels.describe()}")
+        return 0
+    routed = 0
+    for _, layer in model.named_modules():
+        if getattr(type(layer), _ROUTED, False):
+            routed += 1
+            continue
+        cls = type(layer)
+        if cls in _QUANTIZED_FORWARD:
+            mode = getattr(layer, "mode", "affine")
+            if not kernels.covers_quantized(layer.bits, layer.group_size, mode, "biases" in layer):
+                kernels.warn_once(
+                    f"CPU kernels: {mode} {layer.bits}-bit weights in groups of "
+                    f"{layer.group_size} are not covered; those layers run on MLX's own kernels"
+                )
+                continue
+            method, forward = _QUANTIZED_FORWARD[cls]
+            layer.__class__ = _routed_class(cls, method, forward)
+            routed += 1
+        elif cls in _HALF_FORWARD and layer["weight"].dtype in kernels.HALF_TYPES:
+            method, forward = _HALF_FORWARD[cls]
+            layer.__class__ = _routed_class(cls, method, forward)
+            routed += 1
+    return routed
