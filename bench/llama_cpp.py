@@ -37,10 +37,13 @@ def ensure_built(log: bool = True) -> Path:
     if not (source / "CMakeLists.txt").exists():
         with tempfile.TemporaryDirectory() as download:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                 "--no-build-isolation", f"llama-cpp-python=={VERSION}", "-d", download],
+                [
+                    *(sys.executable, "-m", "pip", "download", "--no-deps"),
+                    *("--no-binary", ":all:", "--no-build-isolation"),
+                    *(f"llama-cpp-python=={VERSION}", "-d", download),
+                ],
                 check=True,
-            )  # fmt: skip
+            )
             archive = next(Path(download).glob("llama_cpp_python-*.tar.gz"))
             with tarfile.open(archive) as tar:
                 tar.extractall(download, filter="data")
@@ -49,8 +52,14 @@ def ensure_built(log: bool = True) -> Path:
             source.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(vendored), source)
     build = root / "build"
-    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-             "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DBUILD_SHARED_LIBS=OFF"]  # fmt: skip
+    flags = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=ON",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DBUILD_SHARED_LIBS=OFF",
+    ]
     if log:
         print(f"building llama.cpp {VERSION} in {build} (minutes, once)", flush=True)
     subprocess.run(["cmake", "-S", str(source), "-B", str(build), *flags], check=True)

@@ -18,9 +18,9 @@ from mlx_lm.utils import load_model as mlx_lm_load_model  # pyright: ignore[repo
 from mlx_lm.utils import load_tokenizer  # pyright: ignore[reportUnknownVariableType]
 
 from engine import attention, blas, kernels
-from engine.kernels import routing
 from engine.errors import ModelFormatError
 from engine.harmony import stop_token_ids
+from engine.kernels import routing
 from engine.models import missing_weight_files, read_card
 from engine.prompt_cache import ConversationCache
 from engine.types import LoadProgress, ModelCard

@@ -81,6 +81,7 @@ class ModelReady(Frozen):
     model: str
     load_seconds: float
     blas: str
+    kernels: str = "mlx"  # which CPU matmul kernels run (engine.kernels.describe())
     rank: int = 0
 
 

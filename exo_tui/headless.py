@@ -97,7 +97,12 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
     started = time.perf_counter()
     loaded = run_loading(load_model(Path(card.path)), out.progress)
     out.loaded(
-        ModelReady(model=card.name, load_seconds=time.perf_counter() - started, blas=loaded.blas)
+        ModelReady(
+            model=card.name,
+            load_seconds=time.perf_counter() - started,
+            blas=loaded.blas,
+            kernels=loaded.kernels,
+        )
     )
     return print_turn(chat_turn(loaded, request, registry), out)
 
@@ -149,6 +154,7 @@ def run_chat_on_ranks(
                 model=card.name,
                 load_seconds=time.perf_counter() - started,
                 blas=ring.ready[0].blas,
+                kernels=ring.ready[0].kernels,
             )
         )
         return print_turn(chat_turn(ring.chat, request, registry), out)
@@ -245,7 +251,8 @@ class TextOutput:
     def loaded(self, ready: ModelReady) -> None:
         self._bar.stop()
         self._console.print(
-            f"[dim]{ready.model} loaded in {ready.load_seconds:.1f} s, BLAS: {ready.blas}[/dim]"
+            f"[dim]{ready.model} loaded in {ready.load_seconds:.1f} s, BLAS: {ready.blas}, "
+            f"cpu kernels: {ready.kernels}[/dim]"
         )
 
     def chunk(self, chunk: Chunk) -> None:
@@ -341,6 +348,8 @@ def list_models(args: argparse.Namespace, cluster: ClusterSetup | None = None) -
         for card in cards:
             print(card.model_dump_json())
     else:
+        for node in nodes:
+            print(f"{node.name}: {node.backend}, cpu kernels: {node.kernels}")
         if not cards:
             print("No models found. Pass --models-dir DIR or download one from Hugging Face.")
         for line in _card_lines(cards):

@@ -113,3 +113,13 @@ def install(model: nn.Module) -> int:
             layer.__class__ = _routed_class(cls, method, forward)
             routed += 1
     return routed
+
+
+def uninstall(model: nn.Module) -> int:
+    """Put `model`'s routed layers back on MLX's kernels; the number of layers changed."""
+    restored = 0
+    for _, layer in model.named_modules():
+        if getattr(type(layer), _ROUTED, False):
+            layer.__class__ = type(layer).__bases__[0]
+            restored += 1
+    return restored

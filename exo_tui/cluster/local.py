@@ -9,7 +9,7 @@ from typing import Any
 
 import psutil
 
-from engine import blas
+from engine import blas, kernels
 from engine.types import ModelCard
 from exo_tui.cluster.state import Backend, ClusterState, NodeStats
 from exo_tui.store.identity import NodeIdentity
@@ -38,6 +38,7 @@ def local_node_stats(
         name=identity.name if identity else socket.gethostname(),
         backend=local_backend(),
         blas=blas.describe(),
+        kernels=kernels.describe(),
         memory_total_bytes=int(memory.total),
         memory_available_bytes=int(memory.available),
         models=tuple(models) or tuple(card.name for card in cards),
@@ -56,6 +57,7 @@ def cluster_summary(state: ClusterState, model: str | None) -> dict[str, Any]:
                 "name": n.name,
                 "backend": n.stats.backend,
                 "blas": n.stats.blas.split(" ", 1)[0],
+                "cpu_kernels": n.stats.kernels.split(" ", 1)[0],
                 "memory_total_gb": round(n.stats.memory_total_bytes / GIB, 1),
                 "memory_available_gb": round(n.stats.memory_available_bytes / GIB, 1),
             }

@@ -210,6 +210,7 @@ def ready(outbox: Outbox, rank: int, loaded: LoadedModel, load_seconds: float) -
             model=loaded.card.name,
             load_seconds=load_seconds,
             blas=blas.describe(),
+            kernels=loaded.kernels,
             weights_bytes=int(mx.get_active_memory()),
             peak_memory_bytes=int(mx.get_peak_memory()),
         )

@@ -97,6 +97,7 @@ class RankReady(Frozen):
     model: str
     load_seconds: float
     blas: str
+    kernels: str = "mlx"
     weights_bytes: int  # MLX active memory after loading
     peak_memory_bytes: int  # MLX peak memory while loading
 

@@ -42,6 +42,7 @@ class NodeStats(Frozen):
     name: str
     backend: Backend
     blas: str
+    kernels: str = "mlx"  # which CPU matmul kernels run (engine.kernels.describe())
     memory_total_bytes: int = Field(ge=0)
     memory_available_bytes: int = Field(ge=0)
     models: tuple[str, ...] = ()

@@ -61,6 +61,7 @@ class JobResult(Frozen):
     world_size: int
     progress: tuple[LoadProgress, ...]
     weights_bytes: int  # active MLX memory added by loading
+    kernel_layers: int  # layers whose forward pass runs on the CPU kernels
     turns: tuple[TurnResult, ...]
     seconds: float  # loading and generating
 
@@ -117,6 +118,9 @@ def run_job(index: int, job: Job, group: mx.distributed.Group | None) -> JobResu
     gc.collect()
     mx.clear_cache()
     weights = mx.get_active_memory() - before
+    kernel_layers = sum(
+        1 for _, layer in loaded.model.named_modules() if type(layer).__name__.startswith("Cpu")
+    )
     if job.prefill_step_size is not None:
         turns = chunked_prefill(loaded, job, job.prefill_step_size)
     else:
@@ -128,6 +132,7 @@ def run_job(index: int, job: Job, group: mx.distributed.Group | None) -> JobResu
         world_size=1 if group is None else group.size(),
         progress=tuple(progress),
         weights_bytes=weights,
+        kernel_layers=kernel_layers,
         turns=tuple(turns),
         seconds=time.perf_counter() - started,
     )

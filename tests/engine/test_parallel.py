@@ -1,7 +1,9 @@
 """Sharding on real local rings: greedy output token for token against one process.
 
 Every fixture architecture, 6 layers, is run through pipeline on 2 ranks (3+3), an uneven
-pipeline on 2 ranks (2+4, a third and two thirds), pipeline on 3 ranks and tensor on 2 ranks.
+pipeline on 2 ranks (2+4, a third and two thirds), pipeline on 3 ranks and tensor on 2 ranks;
+so are llama, qwen3 and the MoE quantized to 4 bits with mlx-lm's own quantize, whose linears run
+on the CPU kernels (engine/kernels) when the extension is built.
 One ring of 2 processes and one of 3 run every case in turn (tests/engine/rank_worker.py), so
 the processes start once; the single-process reference runs in a third process the same way.
 """
@@ -18,6 +20,7 @@ import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 
+from engine import kernels
 from engine.loading import load_model_sync, open_lazy, run_loading, transformer_layers
 from engine.models import read_card
 from engine.parallel import (
@@ -66,18 +69,33 @@ PREFILL_SPECS: dict[int, list[ShardSpec] | None] = {
 }
 SLIDING_SPECS = pipeline_specs([3, 3])
 
+# Quantized with mlx-lm's convert: 4 bits in groups of 32 (the tiny models are 64 wide).
+QUANTIZED = ("llama", "qwen3", "qwen3_moe")
+ARCHS = (*ARCHITECTURES, *(f"{arch}-q4" for arch in QUANTIZED))
+
 RingResults = dict[tuple[str, str], list[JobResult]]
 Models = dict[tuple[str, int], Path]
 
 
 @pytest.fixture(scope="module")
-def models(tiny_model_factory: TinyModelFactory) -> Models:
-    """The tiny model of every architecture, with each layer count the cases use."""
-    return {
+def models(
+    tiny_model_factory: TinyModelFactory, tmp_path_factory: pytest.TempPathFactory
+) -> Models:
+    """The tiny model of every architecture, with each layer count the cases use, and the
+    quantized ones."""
+    from mlx_lm import convert
+
+    built: Models = {
         (arch, layers): tiny_model_factory(arch, num_layers=layers)
         for arch in ARCHITECTURES
         for layers in MODEL_LAYERS
     }
+    for arch in QUANTIZED:
+        for layers in MODEL_LAYERS:
+            folder = tmp_path_factory.mktemp(f"{arch}-q4") / "model"
+            convert(str(built[arch, layers]), mlx_path=str(folder), quantize=True, q_group_size=32)
+            built[f"{arch}-q4", layers] = folder
+    return built
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +138,7 @@ def runs(
     for (arch, layers), path in models.items():
         keys[0].append((arch, f"reference-{layers}"))
         jobs[0].append(chat_job(path))
-    for arch in ARCHITECTURES:
+    for arch in ARCHS:
         for case, (layers, specs) in CASES.items():
             keys[specs[0].world_size].append((arch, case))
             jobs[specs[0].world_size].append(chat_job(models[arch, layers], specs))
@@ -145,9 +163,7 @@ def runs(
     return results
 
 
-ALL_CASES = [
-    pytest.param(arch, case, id=f"{arch}-{case}") for arch in ARCHITECTURES for case in CASES
-]
+ALL_CASES = [pytest.param(arch, case, id=f"{arch}-{case}") for arch in ARCHS for case in CASES]
 
 
 @pytest.mark.parametrize(("arch", "case"), ALL_CASES)
@@ -160,6 +176,10 @@ def test_sharded_greedy_output_matches_one_process(runs: RingResults, arch: str,
     for result in ranks:
         for turn, expected in zip(result.turns, reference.turns, strict=True):
             assert turn.tokens == expected.tokens, f"rank {result.rank} differs from one process"
+    if arch.endswith("-q4") and kernels.available():
+        # Every rank's quantized linears (and the reference's) ran on the CPU kernels.
+        assert reference.kernel_layers > 0
+        assert all(result.kernel_layers > 0 for result in ranks)
 
 
 @pytest.mark.parametrize(("arch", "case"), ALL_CASES)

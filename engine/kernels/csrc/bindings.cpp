@@ -31,6 +31,8 @@ NB_MODULE(_kernels, m) {
   m.def("isa_supported", [](const std::string& name) {
     return exo_kernels::isa_supported(name.c_str());
   });
+  m.def("use_isa", [](const std::string& name) { return exo_kernels::use_isa(name.c_str()); },
+        "name"_a, "Run the named instruction set's kernels from now on (False: not on this CPU)");
   m.def("threads", &exo_kernels::thread_count);
   m.def("set_threads", &exo_kernels::set_thread_count, "threads"_a);
   m.def("gemv_max_rows", [] { return exo_kernels::gemv_max_rows; });

@@ -1,5 +1,6 @@
 // Which kernel table this CPU runs: asked of the CPU (and its OS) at run time, never assumed
 // from the machine that built the extension.
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -32,18 +33,35 @@ const Isa* isa_by_name(const char* name) {
   return nullptr;
 }
 
+namespace {
+const Isa* detect() {
+  // EXO_TUI_KERNELS_ISA=avx2|portable caps the choice (to compare the builds on one machine).
+  const char* cap = std::getenv("EXO_TUI_KERNELS_ISA");
+  const char* order[] = {"avx512", "avx2", "portable"};
+  bool allowed = cap == nullptr || *cap == '\0';
+  for (const char* name : order) {
+    if (!allowed && std::strcmp(name, cap) == 0) allowed = true;
+    if (allowed && cpu_has(name)) return isa_by_name(name);
+  }
+  return &isa_portable;
+}
+std::atomic<const Isa*> chosen{nullptr};
+}  // namespace
+
 const Isa& best_isa() {
-  static const Isa* chosen = [] {
-    const char* cap = std::getenv("EXO_TUI_KERNELS_ISA");
-    const char* order[] = {"avx512", "avx2", "portable"};
-    bool allowed = cap == nullptr || *cap == '\0';
-    for (const char* name : order) {
-      if (!allowed && std::strcmp(name, cap) == 0) allowed = true;
-      if (allowed && cpu_has(name)) return isa_by_name(name);
-    }
-    return &isa_portable;
-  }();
-  return *chosen;
+  const Isa* isa = chosen.load(std::memory_order_acquire);
+  if (isa == nullptr) {
+    isa = detect();
+    chosen.store(isa, std::memory_order_release);
+  }
+  return *isa;
+}
+
+bool use_isa(const char* name) {
+  const Isa* isa = isa_by_name(name);
+  if (isa == nullptr || !cpu_has(name)) return false;
+  chosen.store(isa, std::memory_order_release);
+  return true;
 }
 
 }  // namespace exo_kernels

@@ -58,8 +58,10 @@ extern const Isa isa_avx512;
 extern const Isa isa_avx2;
 extern const Isa isa_portable;
 
-// The best table this CPU runs (EXO_TUI_KERNELS_ISA=avx2|portable caps it, for tests).
+// The table in use: the best this CPU runs, unless use_isa chose another.
 const Isa& best_isa();
+// Use the named table from now on; false (and no change) if this CPU cannot run it.
+bool use_isa(const char* name);
 // Whether this CPU (and its OS) runs the named table's instructions.
 bool isa_supported(const char* name);
 const Isa* isa_by_name(const char* name);

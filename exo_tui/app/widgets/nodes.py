@@ -79,7 +79,8 @@ class NodeCard(Vertical):
         stats = node.stats
         text = Text.assemble(
             (stats.name, "bold"),
-            f"  {stats.backend} · {stats.blas.split(' ', 1)[0]}\n",
+            f"  {stats.backend} · {stats.blas.split(' ', 1)[0]}"
+            f" · kernels: {stats.kernels.split(' ', 1)[0]}\n",
             memory_bar(stats.memory_used_bytes, stats.memory_total_bytes),
             f"\n{len(stats.models)} model{'s' if len(stats.models) != 1 else ''} on disk · ",
             runner_text(node),

@@ -1,0 +1,669 @@
+"""Benchmark: the engine's CPU matmul kernels against plain mlx-lm and llama.cpp, same weights.
+
+Builds once, into the user cache folder, a random-weight llama of Llama-3.2-1B's shape (hidden
+2048, 16 layers, 32 heads of 64, 8 KV heads, MLP 8192, vocab 128256, tied embeddings) as bf16
+and as mlx-lm's 4-bit (groups of 64), and the same bf16 weights as a llama.cpp GGUF (F16, then
+Q4_0 by llama-quantize). Then prints, on `--threads` threads, prefill tok/s for 64- and
+512-token prompts and decode tok/s for
+
+- the engine: its loader, which routes the linears to engine/kernels,
+- plain mlx-lm: `mlx_lm.load` with MLX's own kernels (EXO_TUI_KERNELS=mlx),
+- llama.cpp: llama-bench on the GGUF (bf16 against F16, 4-bit against Q4_0),
+
+and each kernel alone on the model's shapes, in GB/s of weights read against this machine's
+memory read bandwidth. Every model measurement runs in a fresh subprocess.
+
+    .venv/bin/python bench/cpu_kernels.py [--quick] [--rounds 3] [--full-anchor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# Llama-3.2-1B's shape. The rope is plain (no llama3 frequency scaling): speed does not depend
+# on the frequencies, and llama.cpp would need a rope_freqs tensor for the scaled one.
+LLAMA_1B: dict[str, int] = {
+    "hidden_size": 2048,
+    "num_layers": 16,
+    "num_heads": 32,
+    "num_kv_heads": 8,
+    "intermediate_size": 8192,
+    "vocab_size": 128256,
+}
+QUICK: dict[str, int] = {
+    "hidden_size": 512,
+    "num_layers": 2,
+    "num_heads": 8,
+    "num_kv_heads": 2,
+    "intermediate_size": 2048,
+    "vocab_size": 32000,
+}
+ROPE_THETA = 500000.0
+RMS_EPS = 1e-5
+CONTEXT = 131072
+GROUP_SIZE, BITS = 64, 4
+PROMPTS = (64, 512)
+DECODE_TOKENS = 32
+# MLX's own CPU kernels need seconds per decode step and minutes per 4-bit prefill at the full
+# size: the plain mlx-lm anchor decodes a few tokens and prefills only the short prompt.
+ANCHOR_DECODE_TOKENS = {"bf16": 8, "q4": 3}
+SEED = 0
+# Bump when what is built changes, so the cache builds again.
+BUILD_VERSION = 1
+VARIANTS = {"bf16": "bf16", "q4": f"{BITS}-bit g{GROUP_SIZE}"}
+GGUF_NAMES = {"bf16": ("model-f16.gguf", "F16"), "q4": ("model-q4_0.gguf", "Q4_0")}
+
+
+# --------------------------------------------------------------------------- the models
+
+
+def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
+    """The llama's shape: Llama-3.2-1B's (or --quick's) with the options given on top. A new
+    width without head counts keeps heads of 64 and the 1B's ratios (4 heads a KV head, MLP 4x)."""
+    shape = dict(QUICK if args.quick else LLAMA_1B)
+    if args.hidden_size is not None:
+        heads = max(1, args.hidden_size // 64)
+        shape.update(
+            hidden_size=args.hidden_size,
+            num_heads=heads,
+            num_kv_heads=max(1, heads // 4),
+            intermediate_size=4 * args.hidden_size,
+        )
+    for key in ("num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size"):
+        if getattr(args, key) is not None:
+            shape[key] = getattr(args, key)
+    if shape["hidden_size"] % shape["num_heads"] or shape["num_heads"] % shape["num_kv_heads"]:
+        raise SystemExit("num_heads must divide hidden_size and num_kv_heads divide num_heads")
+    if shape["hidden_size"] % GROUP_SIZE or shape["intermediate_size"] % GROUP_SIZE:
+        raise SystemExit(f"hidden and intermediate sizes must be multiples of {GROUP_SIZE}")
+    return shape
+
+
+def cache_folder(shape: dict[str, int]) -> Path:
+    import platformdirs
+
+    key = "-".join(f"{k}{v}" for k, v in sorted(shape.items()))
+    return platformdirs.user_cache_path("exo-tui") / "bench" / f"cpu-kernels-v{BUILD_VERSION}-{key}"
+
+
+def paths(folder: Path) -> dict[str, Path]:
+    return {
+        "bf16": folder / "bf16",
+        "q4": folder / "q4",
+        "gguf_bf16": folder / GGUF_NAMES["bf16"][0],
+        "gguf_q4": folder / GGUF_NAMES["q4"][0],
+    }
+
+
+def parameter_count(shape: dict[str, int]) -> int:
+    h, i, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    kv = shape["num_kv_heads"] * h // shape["num_heads"]
+    per_layer = 2 * h * h + 2 * kv * h + 3 * h * i + 2 * h
+    return shape["num_layers"] * per_layer + v * h + h
+
+
+def build_mlx_bf16(folder: Path, shape: dict[str, int]) -> None:
+    """The bf16 model folder: config, the tiny trained tokenizer (its ids are a prefix of the
+    model's 128256: the benchmark feeds token ids, never text) and random weights."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    from tests.tiny_models import build_tokenizer, model_config
+
+    folder.mkdir(parents=True)
+    config = model_config(
+        "llama",
+        hidden_size=shape["hidden_size"],
+        num_layers=shape["num_layers"],
+        num_heads=shape["num_heads"],
+        num_kv_heads=shape["num_kv_heads"],
+        intermediate_size=shape["intermediate_size"],
+        vocab_size=shape["vocab_size"],
+        max_position_embeddings=CONTEXT,
+        tie_word_embeddings=True,
+        dtype="bfloat16",
+    )
+    config.update(rope_theta=ROPE_THETA, rms_norm_eps=RMS_EPS)
+    build_tokenizer(folder, 768, seed=SEED)
+    model = llama.Model(llama.ModelArgs.from_dict(config))
+    params: list[tuple[str, Any]] = sorted(tree_flatten(model.parameters()))  # pyright: ignore[reportArgumentType]
+    keys = mx.random.split(mx.random.key(SEED), num=len(params))
+    weights: dict[str, mx.array] = {}
+    for key, (name, value) in zip(keys, params, strict=True):
+        if name.endswith("norm.weight"):
+            weights[name] = mx.ones(value.shape, dtype=mx.bfloat16)
+        else:
+            # A pretrained model's spread: activations stay O(1), nothing overflows in f16.
+            weights[name] = 0.02 * mx.random.normal(value.shape, dtype=mx.bfloat16, key=key)
+        mx.eval(weights[name])
+    model.load_weights(list(weights.items()), strict=True)  # checks names and shapes
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def build_mlx_q4(source: Path, folder: Path) -> None:
+    """mlx-lm's own 4-bit conversion of the bf16 folder (scales and biases in bf16)."""
+    from mlx_lm import convert
+
+    convert(str(source), str(folder), quantize=True, q_group_size=GROUP_SIZE, q_bits=BITS,
+            dtype="bfloat16")  # fmt: skip
+
+
+def llama_cpp_permute(weights: Any, n_head: int) -> Any:
+    """convert_hf_to_gguf's LlamaModel.permute: llama.cpp rotates adjacent pairs of a head's
+    dimensions, HF/mlx-lm its two halves, so the rows of q and k are interleaved."""
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def build_gguf_f16(source: Path, target: Path, shape: dict[str, int]) -> None:
+    """The bf16 folder's weights as a llama.cpp F16 GGUF, as convert_hf_to_gguf writes a llama."""
+    import gguf
+    import mlx.core as mx
+    import numpy as np
+
+    config = json.loads((source / "config.json").read_text())
+    layers, heads, kv_heads = shape["num_layers"], shape["num_heads"], shape["num_kv_heads"]
+    writer = gguf.GGUFWriter(target, "llama")
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(shape["hidden_size"])
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(shape["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_dimension_count(shape["hidden_size"] // heads)
+    writer.add_vocab_size(shape["vocab_size"])
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    # llama-bench feeds random token ids, but llama.cpp loads a vocabulary of the embedding's
+    # size: a SentencePiece one of <unk> <s> </s>, the 256 byte tokens and filler pieces.
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256
+    fillers = shape["vocab_size"] - len(tokens)
+    tokens += [f"\u2581t{i}" for i in range(fillers)]
+    types += [gguf.TokenType.NORMAL] * fillers
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0, 0.0, 0.0, *([0.0] * 256), *(-float(i) for i in range(fillers))])
+    writer.add_token_types(types)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, layers)
+    weights = mx.load(str(source / "model.safetensors"))
+    assert isinstance(weights, dict)
+    for name in sorted(weights):
+        gguf_name = names.get_name(name, try_suffixes=(".weight",))
+        if gguf_name is None:
+            raise ValueError(f"no GGUF name for {name}")
+        w = weights[name]
+        # As the converter does: 1-D tensors (the norms) in f32, matrices in f16.
+        array = np.array(w.astype(mx.float32 if w.ndim == 1 else mx.float16))
+        if name.endswith("q_proj.weight"):
+            array = llama_cpp_permute(array, heads)
+        elif name.endswith("k_proj.weight"):
+            array = llama_cpp_permute(array, kv_heads)
+        writer.add_tensor(gguf_name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def worker_build(shape: dict[str, int], folder: str) -> dict[str, Any]:
+    """Build whatever of the cache folder is missing; each piece is renamed into place whole."""
+    import engine  # noqa: F401  (before mlx: the system BLAS)
+    import mlx.core as mx
+
+    from engine.loading import load_model_sync
+
+    built: list[str] = []
+    target = paths(Path(folder))
+    target["bf16"].parent.mkdir(parents=True, exist_ok=True)
+    for kind in ("bf16", "q4", "gguf_bf16"):
+        if target[kind].exists():
+            continue
+        partial = target[kind].with_name(target[kind].name + ".partial")
+        if partial.is_dir():
+            shutil.rmtree(partial)
+        partial.unlink(missing_ok=True)
+        if kind == "bf16":
+            build_mlx_bf16(partial, shape)
+        elif kind == "q4":
+            build_mlx_q4(target["bf16"], partial)
+        else:
+            build_gguf_f16(target["bf16"], partial, shape)
+        partial.rename(target[kind])
+        built.append(kind)
+    for kind in ("bf16", "q4"):
+        # It loads (with mlx-lm's loader, as the engine does) and gives finite logits.
+        loaded = load_model_sync(target[kind])
+        logits = next_logits(loaded.model, prompt_tokens(8, shape["vocab_size"]), None)
+        if not bool(mx.all(mx.isfinite(logits)).item()):
+            raise SystemExit(f"the {kind} model gives non-finite logits")
+    return {"built": built}
+
+
+def ensure_models(shape: dict[str, int], folder: Path, threads: int) -> dict[str, Path]:
+    target = paths(folder)
+    from bench import llama_cpp
+
+    bin_dir = llama_cpp.ensure_built()
+    if not all(target[k].exists() for k in ("bf16", "q4", "gguf_bf16")):
+        print(f"building the bench models in {folder} (once)", flush=True)
+    result = run_worker("build", {"shape": shape, "folder": str(folder)}, threads, timeout=7200)
+    if result["built"]:
+        print(f"built {', '.join(result['built'])}", flush=True)
+    if not target["gguf_q4"].exists():
+        partial = target["gguf_q4"].with_name(target["gguf_q4"].name + ".partial")
+        # --pure: every tensor Q4_0, as mlx-lm quantizes every linear and the tied embedding to
+        # 4 bits (without it the tied embedding, llama.cpp's head, would be Q6_K).
+        subprocess.run(
+            [str(bin_dir / "llama-quantize"), "--pure", str(target["gguf_bf16"]), str(partial),
+             "Q4_0", str(threads)],
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
+        partial.rename(target["gguf_q4"])
+    return target
+
+
+# --------------------------------------------------------------------------- model workers
+
+
+def prompt_tokens(n: int, vocab_size: int, seed: int = SEED) -> Any:
+    """`n` random token ids (llama-bench measures on random tokens too), shaped (1, n)."""
+    import mlx.core as mx
+    import numpy as np
+
+    ids = np.random.default_rng(seed + n).integers(0, vocab_size, size=(1, n), dtype=np.int32)
+    return mx.array(ids)
+
+
+def next_logits(model: Any, tokens: Any, cache: list[Any] | None) -> Any:
+    """The logits of the token after `tokens`: the whole forward pass over `tokens`, the head on
+    the last position only (as llama.cpp and mlx-lm's generate compute it)."""
+    hidden = model.model(tokens, cache=cache)[:, -1:, :]
+    tied = model.args.tie_word_embeddings
+    head = model.model.embed_tokens.as_linear if tied else model.lm_head
+    return head(hidden)[0, -1]
+
+
+def worker_model(
+    kind: str, folder: str, prompts: list[int], decode_tokens: int, vocab_size: int
+) -> dict[str, Any]:
+    """Prefill tok/s of each prompt, each into a fresh KV cache, then decode tok/s of
+    `decode_tokens` greedy steps after the first prompt, in one process."""
+    if kind == "mlx_lm":
+        import mlx.core as mx
+        from mlx_lm import load
+
+        model = load(folder)[0]
+        kernels = "mlx (plain mlx-lm)"
+    else:
+        import engine  # noqa: F401  (before mlx: the system BLAS)
+        import mlx.core as mx
+
+        from engine import kernels as engine_kernels
+        from engine.kernels import routing
+        from engine.loading import load_model_sync
+
+        model = load_model_sync(folder).model
+        routing.install(model)  # harmless where the loader routed already
+        kernels = engine_kernels.describe()
+    from mlx_lm.models.cache import make_prompt_cache
+
+    def greedy(tokens: Any, cache: list[Any]) -> Any:
+        y = mx.argmax(next_logits(model, tokens, cache), axis=-1)
+        mx.eval(y)
+        return y
+
+    # A warm-up step: the first call allocates MLX's buffers and the kernels' threads.
+    greedy(prompt_tokens(1, vocab_size, seed=SEED + 1), make_prompt_cache(model))
+    prefill_tps: dict[str, float] = {}
+    decode_tps = 0.0
+    for index, n in enumerate(prompts):
+        cache = make_prompt_cache(model)
+        started = time.perf_counter()
+        y = greedy(prompt_tokens(n, vocab_size), cache)
+        prefill_tps[str(n)] = n / (time.perf_counter() - started)
+        if index == 0:
+            started = time.perf_counter()
+            for _ in range(decode_tokens):
+                y = greedy(y.reshape(1, 1), cache)
+            decode_tps = decode_tokens / (time.perf_counter() - started)
+    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "kernels": kernels}
+
+
+def llama_bench(
+    bin_dir: Path, model: Path, threads: int, prompts: list[int], rounds: int
+) -> dict[str, Any]:
+    """llama-bench's averages. --repack 0: the CPU repacking of Q4_0 (into interleaved blocks)
+    crashed on this machine, and the engine reads its weights as stored too."""
+    command = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads),
+               "-p", ",".join(map(str, prompts)), "-n", str(DECODE_TOKENS),
+               "-r", str(rounds), "--repack", "0", "-o", "json"]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        tail = "\n".join(out.stderr.strip().splitlines()[-5:])
+        return {"error": f"llama-bench exited with {out.returncode}: {tail}"}
+    results = json.loads(out.stdout)
+    prefill = {str(r["n_prompt"]): r["avg_ts"] for r in results if r["n_gen"] == 0}
+    decode = [r["avg_ts"] for r in results if r["n_prompt"] == 0 and r["n_gen"] > 0]
+    return {
+        "prefill_tps": prefill,
+        "decode_tps": decode[0] if decode else None,
+        "build": f"{results[0].get('build_commit', '?')} on {results[0].get('cpu_info', '?')}",
+    }
+
+
+# --------------------------------------------------------------------------- kernels alone
+
+
+def kernel_shapes(shape: dict[str, int]) -> list[tuple[str, int, int]]:
+    """The model's linears as (name, out, in)."""
+    h, i, v = shape["hidden_size"], shape["intermediate_size"], shape["vocab_size"]
+    kv = shape["num_kv_heads"] * h // shape["num_heads"]
+    return [("q, o", h, h), ("k, v", kv, h), ("gate, up", i, h), ("down", h, i), ("head", v, h)]
+
+
+def worker_kernels(shape: dict[str, int], rotate_bytes: int, min_seconds: float) -> dict[str, Any]:
+    """Seconds per call of each extension op on each shape, for 1 and 64 rows of x. Each call
+    reads another copy of the weights, round a ring of copies larger than the last-level cache,
+    so the weights come from memory as in a forward pass."""
+    import engine  # noqa: F401  (before mlx: the system BLAS)
+    import mlx.core as mx
+
+    from engine import kernels
+
+    if not kernels.available():
+        raise SystemExit(f"the kernels are not available: {kernels.describe()}")
+    rows_list = (1, 64)
+    results: list[dict[str, Any]] = []
+    for fmt in ("bf16", "q4"):
+        for name, n, k in kernel_shapes(shape):
+            base = 0.02 * mx.random.normal((n, k), dtype=mx.bfloat16, key=mx.random.key(SEED))
+            if fmt == "q4":
+                weights = list(mx.quantize(base, group_size=GROUP_SIZE, bits=BITS))
+            else:
+                weights = [base]
+            mx.eval(weights)
+            nbytes = sum(w.nbytes for w in weights)
+            count = max(2, math.ceil(rotate_bytes / nbytes))
+            # Copies by arithmetic, so each is its own buffer (their values do not matter).
+            copies = [[w + mx.array(0, dtype=w.dtype) for w in weights] for _ in range(count)]
+            mx.eval(copies)
+            del base, weights
+
+            def call(ws: list[Any], x: Any, fmt: str = fmt) -> Any:
+                if fmt == "q4":
+                    return kernels.quantized_matmul(x, ws[0], ws[1], ws[2], GROUP_SIZE, BITS)
+                return kernels.half_matmul(x, ws[0])
+
+            for rows in rows_list:
+                x = mx.random.normal((rows, k), dtype=mx.bfloat16, key=mx.random.key(SEED + 1))
+                mx.eval(x)
+                for ws in copies[:2]:
+                    mx.eval(call(ws, x))
+                per_call: list[float] = []
+                started = time.perf_counter()
+                while len(per_call) < 3 or time.perf_counter() - started < min_seconds:
+                    lap = time.perf_counter()
+                    for ws in copies:
+                        mx.eval(call(ws, x))
+                    per_call.append((time.perf_counter() - lap) / count)
+                seconds = statistics.median(per_call)
+                results.append({"format": fmt, "name": name, "n": n, "k": k, "rows": rows,
+                                "bytes": nbytes, "copies": count, "seconds": seconds})  # fmt: skip
+            del copies
+            mx.clear_cache()
+    return {"kernels": kernels.describe(), "results": results}
+
+
+def read_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5) -> dict[int, float]:
+    """Bytes/s numpy reads summing an `nbytes` array, with 1 thread and with `threads` threads
+    (each summing its share: numpy's sum is single-threaded and releases the GIL)."""
+    import numpy as np
+
+    data = np.ones(nbytes // 4, dtype=np.float32)  # written once, so every page is mapped
+    out: dict[int, float] = {}
+    for count in sorted({1, threads}):
+        parts = np.array_split(data, count)
+        with ThreadPoolExecutor(count) as pool:
+            laps: list[float] = []
+            for _ in range(repeats):
+                started = time.perf_counter()
+                list(pool.map(np.sum, parts))
+                laps.append(time.perf_counter() - started)
+        out[count] = nbytes / statistics.median(laps)
+    return out
+
+
+def last_level_cache_bytes() -> int | None:
+    """The L3 (or largest) cache lscpu reports, in bytes."""
+    try:
+        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = [float(m[1]) * units[m[2]]
+             for m in re.finditer(r"^L\d\w* cache:\s+([\d.]+)\s*([KMG])i?B", text, re.MULTILINE)]  # fmt: skip
+    return int(max(sizes)) if sizes else None
+
+
+# --------------------------------------------------------------------------- running
+
+
+def worker_env(threads: int, kind: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(EXO_TUI_KERNEL_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    if kind == "mlx_lm":
+        env["EXO_TUI_KERNELS"] = "mlx"
+    return env
+
+
+def run_worker(
+    kind: str, payload: dict[str, Any], threads: int, timeout: float | None = None
+) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", kind, "--payload", json.dumps(payload)],
+        capture_output=True,
+        text=True,
+        env=worker_env(threads, kind),
+        timeout=timeout,
+    )
+    if out.returncode != 0:
+        sys.stderr.write(out.stdout[-2000:] + out.stderr[-4000:])
+        raise SystemExit(f"the {kind} worker failed (exit {out.returncode})")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_as_worker(kind: str, payload: dict[str, Any]) -> None:
+    if kind == "build":
+        result = worker_build(payload["shape"], payload["folder"])
+    elif kind == "kernels":
+        result = worker_kernels(payload["shape"], payload["rotate_bytes"], payload["min_seconds"])
+    else:
+        result = worker_model(kind, payload["folder"], payload["prompts"],
+                              payload["decode_tokens"], payload["vocab_size"])  # fmt: skip
+    print(json.dumps(result))
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def figure(value: float | None) -> str:
+    return f"{value:.1f}" if value else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny llama (2 layers, hidden 512, vocab 32000): a smoke run")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="engine processes, and llama-bench repetitions, a figure")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--full-anchor", action="store_true",
+                        help="plain mlx-lm prefills 512 tokens too and decodes 32 (very slow)")  # fmt: skip
+    parser.add_argument("--skip-mlx-lm", action="store_true", help="no plain mlx-lm anchor")
+    parser.add_argument("--skip-kernels", action="store_true", help="no single-kernel timings")
+    parser.add_argument("--rotate-mib", type=int, default=None,
+                        help="weights a kernel timing rotates over (default: 2x the L3, >= 1 GiB)")  # fmt: skip
+    for option in ("hidden-size", "num-layers", "num-heads", "num-kv-heads",
+                   "intermediate-size", "vocab-size"):  # fmt: skip
+        parser.add_argument(f"--{option}", type=int, default=None)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--payload", default="{}", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        run_as_worker(args.worker, json.loads(args.payload))
+        return
+
+    shape = shape_from_args(args)
+    threads: int = args.threads
+    folder = cache_folder(shape)
+    target = ensure_models(shape, folder, threads)
+    from bench import llama_cpp
+
+    bin_dir = llama_cpp.ensure_built(log=False)
+    llc = last_level_cache_bytes()
+    bandwidth = read_bandwidth(threads)
+    # Gigabytes per second, 10^9 bytes, as llama.cpp and memory vendors count them.
+    print(
+        f"model: llama {parameter_count(shape) / 1e9:.2f}B ({', '.join(f'{k} {v}' for k, v in shape.items())}, "  # noqa: E501
+        f"tied embeddings) in {folder}\n"
+        f"memory read (numpy sum of 1 GiB): 1 thread {bandwidth[1] / 1e9:.1f} GB/s, "
+        f"{threads} threads {bandwidth[threads] / 1e9:.1f} GB/s; last-level cache "
+        f"{(llc or 0) / 2**20:.0f} MiB",
+        flush=True,
+    )
+
+    kernel_rows: list[dict[str, Any]] = []
+    kernels_line = ""
+    if not args.skip_kernels:
+        if args.rotate_mib is not None:
+            rotate = args.rotate_mib << 20
+        else:
+            rotate = 256 << 20 if args.quick else max(2 * (llc or 0), 1 << 30)
+        report = run_worker("kernels", {"shape": shape, "rotate_bytes": rotate,
+                                        "min_seconds": 0.3 if args.quick else 1.0}, threads)  # fmt: skip
+        kernel_rows, kernels_line = report["results"], report["kernels"]
+        print(f"kernels timed alone, rotating over {rotate / 2**20:.0f} MiB of weights", flush=True)
+
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    anchor_prompts = list(PROMPTS) if args.full_anchor else [PROMPTS[0]]
+    for variant in VARIANTS:
+        payload = {"folder": str(target[variant]), "vocab_size": shape["vocab_size"]}
+        for round_ in range(args.rounds):
+            result = run_worker("engine", {**payload, "prompts": list(PROMPTS),
+                                           "decode_tokens": DECODE_TOKENS}, threads)  # fmt: skip
+            runs.setdefault((variant, "engine"), []).append(result)
+            kernels_line = kernels_line or result["kernels"]
+            print(f"{variant} engine round {round_ + 1}: {summary(result)}", flush=True)
+        if not args.skip_mlx_lm:
+            decode = DECODE_TOKENS if args.full_anchor else ANCHOR_DECODE_TOKENS[variant]
+            result = run_worker("mlx_lm", {**payload, "prompts": anchor_prompts,
+                                           "decode_tokens": decode}, threads)  # fmt: skip
+            runs[(variant, "mlx_lm")] = [result]
+            print(f"{variant} mlx-lm ({decode} tokens decoded): {summary(result)}", flush=True)
+        result = llama_bench(bin_dir, target[f"gguf_{variant}"], threads, list(PROMPTS),
+                             args.rounds)  # fmt: skip
+        runs[(variant, "llama_cpp")] = [result]
+        print(f"{variant} llama.cpp {GGUF_NAMES[variant][1]}: {summary(result)}", flush=True)
+
+    print_tables(runs, kernel_rows, bandwidth[threads], threads, kernels_line, args)
+
+
+def summary(result: dict[str, Any]) -> str:
+    if "error" in result:
+        return result["error"]
+    prefill = ", ".join(f"{n}: {tps:.1f}" for n, tps in result["prefill_tps"].items())
+    return f"prefill tok/s {prefill}; decode {figure(result['decode_tps'])} tok/s"
+
+
+def print_tables(
+    runs: dict[tuple[str, str], list[dict[str, Any]]],
+    kernel_rows: list[dict[str, Any]],
+    bandwidth: float,
+    threads: int,
+    kernels_line: str,
+    args: argparse.Namespace,
+) -> None:
+    def median(variant: str, who: str, key: str, n: int | None = None) -> float | None:
+        values: list[float] = []
+        for run in runs.get((variant, who), []):
+            value = run.get(key)
+            if isinstance(value, dict):
+                value = value.get(str(n))  # pyright: ignore[reportUnknownMemberType]
+            if isinstance(value, int | float) and value > 0:
+                values.append(float(value))
+        return statistics.median(values) if values else None
+
+    print()
+    print(f"{threads} threads; engine kernels: {kernels_line}; engine: median of {args.rounds} "
+          f"processes; llama.cpp: llama-bench -r {args.rounds} --repack 0 (its average)")  # fmt: skip
+    print("| figure | engine | mlx-lm | llama.cpp | engine / llama.cpp | engine / mlx-lm |")
+    print("|---|---|---|---|---|---|")
+    for variant, label in VARIANTS.items():
+        anchor = f"{label} (llama.cpp {GGUF_NAMES[variant][1]})"
+        rows: list[tuple[str, str, int | None]] = [
+            *((f"{anchor} prefill {n} tok/s", "prefill_tps", n) for n in PROMPTS),
+            (f"{anchor} decode tok/s", "decode_tps", None),
+        ]
+        for text, key, n in rows:
+            e = median(variant, "engine", key, n)
+            m = median(variant, "mlx_lm", key, n)
+            c = median(variant, "llama_cpp", key, n)
+            skipped = args.skip_mlx_lm or (n is not None and n not in PROMPTS[:1]
+                                           and not args.full_anchor)  # fmt: skip
+            m_text = "skipped" if skipped and m is None else figure(m)
+            print(f"| {text} | {figure(e)} | {m_text} | {figure(c)} | {ratio(e, c)} "
+                  f"| {ratio(e, m)} |")  # fmt: skip
+    for variant in VARIANTS:
+        error = runs.get((variant, "llama_cpp"), [{}])[0].get("error")
+        if error:
+            print(f"llama.cpp {GGUF_NAMES[variant][1]}: {error}")
+    if not args.skip_mlx_lm and not args.full_anchor:
+        print(f"plain mlx-lm: prefill {PROMPTS[0]} only, decode over "
+              f"{ANCHOR_DECODE_TOKENS['bf16']} (bf16) and {ANCHOR_DECODE_TOKENS['q4']} (4-bit) "
+              "tokens; --full-anchor for all (MLX's own kernels: minutes)")  # fmt: skip
+    if not kernel_rows:
+        return
+    print()
+    print(f"kernels alone, against {bandwidth / 1e9:.1f} GB/s read with {threads} threads")
+    print("| weights | shape (out x in) | MiB | rows | ms a call | GB/s of weights "
+          "| of bandwidth | GFLOP/s |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for row in kernel_rows:
+        seconds, nbytes = row["seconds"], row["bytes"]
+        flops = 2 * row["rows"] * row["n"] * row["k"] / seconds
+        print(f"| {VARIANTS[row['format']]} {row['name']} | {row['n']} x {row['k']} "
+              f"| {nbytes / 2**20:.1f} | {row['rows']} | {seconds * 1000:.3f} "
+              f"| {nbytes / seconds / 1e9:.1f} | {nbytes / seconds / bandwidth:.0%} "
+              f"| {flops / 1e9:.0f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""The CPU kernels compute what MLX's own ops compute, on every instruction set this CPU runs.
+
+Tolerance: the kernels accumulate in fp32 in another order than MLX, so an output may differ from
+MLX's product computed in fp32 by 1e-5 of the sum of |x_k * w_k| over its dot product, plus the
+rounding of the output type (2^-8 of the value for bfloat16, 2^-11 for float16).
+"""
+# pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine import kernels
+from engine.kernels import routing
+from engine.loading import load_model_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.describe())
+
+ISAS = [name for name in ("avx512", "avx2", "portable") if kernels.available()]
+ROUNDING = {mx.float32: 0.0, mx.bfloat16: 2.0**-8, mx.float16: 2.0**-11}
+FLOATS = [mx.float32, mx.bfloat16, mx.float16]
+PROPERTIES = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def ext() -> Any:
+    module = kernels.extension()
+    assert module is not None
+    return module
+
+
+@pytest.fixture(params=ISAS)
+def isa(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each instruction set the CPU runs, in turn; the best one again afterwards."""
+    best = ext().isa()
+    if not ext().isa_supported(request.param):
+        pytest.skip(f"this CPU does not run {request.param}")
+    assert ext().use_isa(request.param)
+    yield request.param
+    ext().use_isa(best)
+
+
+def assert_close(got: mx.array, expected: mx.array, bound: mx.array, dtype: mx.Dtype) -> None:
+    """`got` within accumulation-order differences (`bound` = sum |x w|) and dtype rounding."""
+    assert got.shape == expected.shape
+    difference = mx.abs(got.astype(mx.float32) - expected)
+    allowed = 1e-5 * bound + ROUNDING[dtype] * mx.abs(expected) + 1e-30
+    worst = float(mx.max(difference / allowed))
+    assert worst <= 1.0, f"off by {worst:.2f}x the tolerance"
+
+
+def promoted(a: mx.Dtype, b: mx.Dtype) -> mx.Dtype:
+    return (mx.zeros(1, dtype=a) + mx.zeros(1, dtype=b)).dtype
+
+
+def weights(rows: int, k: int, seed: int) -> mx.array:
+    return mx.random.normal((rows, k), key=mx.random.key(seed)) * 0.05
+
+
+def maybe_strided(x: mx.array, strided: bool) -> mx.array:
+    """`x` itself, or the same values in a non-contiguous view (a transpose of a copy)."""
+    if not strided:
+        return x
+    flipped = mx.array(mx.swapaxes(x, -1, -2))
+    mx.eval(flipped)
+    view = mx.swapaxes(flipped, -1, -2)
+    assert mx.array_equal(view, x)
+    return view
+
+
+@PROPERTIES
+@given(
+    bits=st.sampled_from([4, 8]),
+    group_size=st.sampled_from([32, 64, 128]),
+    groups=st.integers(1, 12),
+    n=st.integers(1, 67),
+    rows=st.one_of(st.integers(1, 8), st.integers(9, 300)),
+    batch=st.sampled_from([(), (2,), (1, 3)]),
+    x_type=st.sampled_from(FLOATS),
+    scale_type=st.sampled_from(FLOATS),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_quantized_matmul_matches_mlx(
+    isa: str,
+    bits: int,
+    group_size: int,
+    groups: int,
+    n: int,
+    rows: int,
+    batch: tuple[int, ...],
+    x_type: mx.Dtype,
+    scale_type: mx.Dtype,
+    strided: bool,
+    seed: int,
+) -> None:
+    k = group_size * groups  # any multiple of the group: 32 * 7 = 224 is not one of 256
+    w, scales, biases = mx.quantize(weights(n, k, seed), group_size=group_size, bits=bits)
+    scales, biases = scales.astype(scale_type), biases.astype(scale_type)
+    x = mx.random.normal((*batch, rows, k), key=mx.random.key(seed + 1)).astype(x_type)
+    got = kernels.quantized_matmul(maybe_strided(x, strided), w, scales, biases, group_size, bits)
+    dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size, bits)
+    x32 = x.astype(mx.float32)
+    out_type = promoted(x_type, scale_type)
+    assert got.dtype == out_type
+    assert_close(got, x32 @ dense.T, mx.abs(x32) @ mx.abs(dense).T, out_type)
+
+
+@PROPERTIES
+@given(
+    k=st.integers(1, 700),
+    n=st.integers(1, 67),
+    rows=st.one_of(st.integers(1, 8), st.integers(9, 300)),
+    batch=st.sampled_from([(), (3,)]),
+    w_type=st.sampled_from([mx.bfloat16, mx.float16]),
+    x_type=st.sampled_from(FLOATS),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_half_matmul_matches_mlx(
+    isa: str,
+    k: int,
+    n: int,
+    rows: int,
+    batch: tuple[int, ...],
+    w_type: mx.Dtype,
+    x_type: mx.Dtype,
+    strided: bool,
+    seed: int,
+) -> None:
+    w = weights(n, k, seed).astype(w_type)
+    x = mx.random.normal((*batch, rows, k), key=mx.random.key(seed + 1)).astype(x_type)
+    got = kernels.half_matmul(maybe_strided(x, strided), w)
+    x32, w32 = x.astype(mx.float32), w.astype(mx.float32)
+    out_type = promoted(x_type, w_type)
+    assert got.dtype == out_type
+    assert_close(got, x32 @ w32.T, mx.abs(x32) @ mx.abs(w32).T, out_type)
+
+
+@pytest.mark.parametrize("rows", [1, 40])
+def test_the_head_of_a_tied_embedding_and_a_lazy_graph(isa: str, rows: int) -> None:
+    """A product is a graph node like any other: it composes with other ops before an eval."""
+    w, scales, biases = mx.quantize(weights(1000, 256, 1), group_size=64, bits=4)
+    x = mx.random.normal((rows, 256), key=mx.random.key(2))
+    y = mx.softmax(kernels.quantized_matmul(x * 2.0, w, scales, biases, 64, 4), axis=-1)
+    expected = mx.softmax((x * 2.0) @ mx.dequantize(w, scales, biases, 64, 4).T, axis=-1)
+    assert float(mx.max(mx.abs(y - expected))) < 1e-5
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
+    dense = weights(33, 128, 3).astype(mx.bfloat16)
+    dense[5, 17] = bad
+    x = mx.random.normal((3, 128), key=mx.random.key(4))
+    expected = x @ dense.astype(mx.float32).T
+    got = kernels.half_matmul(x, dense)
+    assert mx.array_equal(mx.isnan(got), mx.isnan(expected))
+    assert mx.array_equal(mx.isinf(got), mx.isinf(expected))
+    finite = mx.isfinite(expected)
+    assert float(mx.max(mx.abs(mx.where(finite, got - expected, 0.0)))) < 1e-4
+    w, scales, biases = mx.quantize(weights(33, 128, 3), group_size=64, bits=8)
+    scales[7, 1] = bad
+    expected = x @ mx.dequantize(w, scales, biases, 64, 8).T
+    got = kernels.quantized_matmul(x, w, scales, biases, 64, 8)
+    assert mx.array_equal(mx.isnan(got), mx.isnan(expected))
+    assert mx.array_equal(mx.isinf(got), mx.isinf(expected))
+
+
+def test_bad_arguments_are_refused_with_the_reason() -> None:
+    w, scales, biases = mx.quantize(weights(8, 128, 5), group_size=64, bits=4)
+    x = mx.ones((1, 128))
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        kernels.quantized_matmul(x, w, scales, biases, 64, 3)
+    with pytest.raises(ValueError, match="features"):
+        kernels.quantized_matmul(mx.ones((1, 100)), w, scales, biases, 64, 4)
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        kernels.half_matmul(x, mx.ones((8, 128)))
+
+
+def test_an_instruction_set_the_cpu_lacks_is_never_chosen() -> None:
+    assert ext().isa_supported("portable")
+    assert not ext().use_isa("no-such-isa")
+    # The kernels in use are always ones this CPU reported.
+    assert ext().isa_supported(ext().isa())
+
+
+# ------------------------------------------------------------------------------ whole models
+
+
+def quantized_copy(
+    source: Path, folder: Path, bits: int, group_size: int, mode: str = "affine"
+) -> Path:
+    from mlx_lm import convert
+
+    convert(
+        str(source),
+        mlx_path=str(folder),
+        quantize=True,
+        q_bits=bits,
+        q_group_size=group_size,
+        q_mode=mode,
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def kernel_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A llama 256 wide (so groups of 128 fit) and a qwen3, quantized and in bf16."""
+    from mlx_lm import convert
+
+    from tests.tiny_models import build_tiny_model
+
+    root = tmp_path_factory.mktemp("kernel-models")
+    llama = build_tiny_model(root / "llama", "llama", hidden_size=256, intermediate_size=512)
+    qwen3 = build_tiny_model(root / "qwen3", "qwen3", hidden_size=128, intermediate_size=384)
+    convert(str(llama), mlx_path=str(root / "llama-bf16"), dtype="bfloat16")
+    return {
+        "llama-q4-g64": quantized_copy(llama, root / "llama-q4", 4, 64),
+        "llama-q8-g128": quantized_copy(llama, root / "llama-q8", 8, 128),
+        "qwen3-q4-g32": quantized_copy(qwen3, root / "qwen3-q4", 4, 32),
+        "llama-bf16": root / "llama-bf16",
+    }
+
+
+def greedy_logits(
+    model: nn.Module, prompt: list[int], steps: int
+) -> tuple[list[int], list[mx.array]]:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    tokens: list[int] = []
+    logits: list[mx.array] = []
+    step = mx.array(prompt)[None]
+    for _ in range(steps):
+        out = model(step, cache=cache)[0, -1].astype(mx.float32)
+        mx.eval(out)
+        logits.append(out)
+        tokens.append(int(mx.argmax(out)))
+        step = mx.array([[tokens[-1]]])
+    return tokens, logits
+
+
+@pytest.mark.parametrize("name", ["llama-q4-g64", "llama-q8-g128", "qwen3-q4-g32", "llama-bf16"])
+def test_a_model_gives_the_same_greedy_tokens_with_and_without_the_kernels(
+    kernel_models: dict[str, Path], name: str
+) -> None:
+    """The first 48 greedy tokens are identical, and the logits at every step agree within the
+    accumulation-order tolerance (relative to the logits' size)."""
+    loaded = load_model_sync(kernel_models[name])
+    with_kernels = load_model_sync(kernel_models[name])
+    routed = sum(
+        1 for _, m in with_kernels.model.named_modules() if type(m).__name__.startswith("Cpu")
+    )
+    assert routed > 0
+    assert routing.uninstall(loaded.model) == routed  # `loaded` now runs on MLX's kernels
+    prompt = loaded.tokenizer.encode("Tell me a story about a dog and a cat.")
+    expected_tokens, expected_logits = greedy_logits(loaded.model, prompt, 48)
+    tokens, logits = greedy_logits(with_kernels.model, prompt, 48)
+    assert tokens == expected_tokens
+    for got, expected in zip(logits, expected_logits, strict=True):
+        scale = float(mx.max(mx.abs(expected)))
+        assert float(mx.max(mx.abs(got - expected))) <= 2e-2 * scale
+
+
+def test_an_uncovered_quantization_runs_on_mlx_and_says_so_once(
+    kernel_models: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.tiny_models import build_tiny_model
+
+    source = build_tiny_model(tmp_path / "src", "llama", hidden_size=128, intermediate_size=256)
+    kernels.warn_once.cache_clear()
+    for bits in (2, 5):
+        folder = quantized_copy(source, tmp_path / f"q{bits}", bits, 64)
+        with caplog.at_level(logging.WARNING, logger="engine.kernels"):
+            loaded = load_model_sync(folder)
+        assert not any(type(m).__name__.startswith("Cpu") for _, m in loaded.model.named_modules())
+        prompt = loaded.tokenizer.encode("Hello there")
+        tokens, _ = greedy_logits(loaded.model, prompt, 4)
+        assert len(tokens) == 4
+        notes = [r.message for r in caplog.records if f"{bits}-bit" in r.message]
+        assert len(notes) == 1, notes  # once, though every layer of the model is uncovered
+        assert "MLX's own kernels" in notes[0]
+
+
+def test_an_extension_built_for_another_mlx_is_refused(tmp_path: Path) -> None:
+    """MLX's C++ ABI changes between releases: the engine names both and runs on MLX's kernels."""
+    code = (
+        "import engine, mlx.core as mx\n"
+        "mx.__version__ = '0.0.1'\n"
+        "from engine import kernels\n"
+        "print(kernels.available())\n"
+        "print(kernels.describe())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    available, line = result.stdout.strip().splitlines()
+    assert available == "False"
+    assert "0.0.1" in line and ext().built_for_mlx in line and "pip install -e ." in line
+
+
+def test_the_kernels_can_be_turned_off() -> None:
+    code = "import engine\nfrom engine import kernels\nprint(kernels.describe())\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+        env={**os.environ, "EXO_TUI_KERNELS": "mlx"},
+    )
+    assert result.stdout.strip() == "mlx (EXO_TUI_KERNELS=mlx)"
