@@ -52,7 +52,7 @@ def _load() -> tuple[ModuleType | None, str]:
             "a C++ compiler and cmake (Debian: apt install g++ cmake), then pip install -e ."
         )
     built_for = cast(str, module.built_for_mlx)
-    running = cast(str, getattr(mx, "__version__")).split(".dev")[0]
+    running = cast(str, mx.__version__).split(".dev")[0]  # pyright: ignore[reportAttributeAccessIssue]
     if built_for != running:
         return None, (
             f"mlx (the kernel extension was built for MLX {built_for}, this is MLX {running}, and "

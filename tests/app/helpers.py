@@ -23,6 +23,7 @@ def fixed_stats(
             name="studio",
             backend="cpu",
             blas="openblas",
+            kernels="avx512 (2 threads)",
             memory_total_bytes=total,
             memory_available_bytes=available,
             models=tuple(models),

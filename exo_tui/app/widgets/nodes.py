@@ -11,6 +11,7 @@ from exo_tui.app.widgets import quiet
 from exo_tui.cluster.placement import format_bytes
 from exo_tui.cluster.state import (
     ClusterState,
+    NodeStats,
     NodeView,
     RunnerDownloading,
     RunnerFailed,
@@ -79,8 +80,7 @@ class NodeCard(Vertical):
         stats = node.stats
         text = Text.assemble(
             (stats.name, "bold"),
-            f"  {stats.backend} · {stats.blas.split(' ', 1)[0]}"
-            f" · kernels: {stats.kernels.split(' ', 1)[0]}\n",
+            f"  {backend_text(stats)} · {stats.blas.split(' ', 1)[0]}\n",
             memory_bar(stats.memory_used_bytes, stats.memory_total_bytes),
             f"\n{len(stats.models)} model{'s' if len(stats.models) != 1 else ''} on disk · ",
             runner_text(node),
@@ -136,3 +136,9 @@ class NodesPanel(VerticalScroll):
         self.border_subtitle = f"{len(state.online_nodes)} online" + (
             f" · {len(state.foreign)} foreign" if state.foreign else ""
         )
+
+
+def backend_text(stats: NodeStats) -> str:
+    """`cpu avx512` where the CPU kernels run (engine/kernels), else the backend alone."""
+    kernels = stats.kernels.split(" ", 1)[0]
+    return stats.backend if kernels == "mlx" else f"{stats.backend} {kernels}"
