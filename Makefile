@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint typecheck bench screenshots clean
+.PHONY: run test lint typecheck bench bench-kernels screenshots clean
 
 $(VENV)/.base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,10 @@ $(VENV)/.base: pyproject.toml
 
 $(VENV)/.dev: $(VENV)/.base
 	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+$(VENV)/.bench: $(VENV)/.dev
+	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $@
 
 run: $(VENV)/.base
@@ -30,6 +34,10 @@ typecheck: $(VENV)/.dev
 
 bench: $(VENV)/.dev
 	$(PY) bench/engine_vs_mlx_lm.py
+
+# The CPU kernels against plain mlx-lm and llama.cpp (built once by bench/llama_cpp.py).
+bench-kernels: $(VENV)/.bench
+	$(PY) bench/cpu_kernels.py
 
 screenshots: $(VENV)/.dev
 	$(PY) scripts/screenshots.py

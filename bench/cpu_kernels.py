@@ -30,7 +30,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -70,6 +70,12 @@ GGUF_NAMES = {"bf16": ("model-f16.gguf", "F16"), "q4": ("model-q4_0.gguf", "Q4_0
 
 
 # --------------------------------------------------------------------------- the models
+
+
+def engine_first() -> None:
+    """Import the engine before MLX in a worker: it preloads the system OpenBLAS, which MLX
+    binds to only if it is loaded before `mlx.core`."""
+    import engine  # noqa: F401
 
 
 def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
@@ -142,7 +148,7 @@ def build_mlx_bf16(folder: Path, shape: dict[str, int]) -> None:
     config.update(rope_theta=ROPE_THETA, rms_norm_eps=RMS_EPS)
     build_tokenizer(folder, 768, seed=SEED)
     model = llama.Model(llama.ModelArgs.from_dict(config))
-    params: list[tuple[str, Any]] = sorted(tree_flatten(model.parameters()))  # pyright: ignore[reportArgumentType]
+    params = sorted(cast("list[tuple[str, Any]]", tree_flatten(model.parameters())))
     keys = mx.random.split(mx.random.key(SEED), num=len(params))
     weights: dict[str, mx.array] = {}
     for key, (name, value) in zip(keys, params, strict=True):
@@ -234,7 +240,7 @@ def build_gguf_f16(source: Path, target: Path, shape: dict[str, int]) -> None:
 
 def worker_build(shape: dict[str, int], folder: str) -> dict[str, Any]:
     """Build whatever of the cache folder is missing; each piece is renamed into place whole."""
-    import engine  # noqa: F401  (before mlx: the system BLAS)
+    engine_first()
     import mlx.core as mx
 
     from engine.loading import load_model_sync
@@ -257,7 +263,7 @@ def worker_build(shape: dict[str, int], folder: str) -> dict[str, Any]:
             build_gguf_f16(target["bf16"], partial, shape)
         partial.rename(target[kind])
         built.append(kind)
-    for kind in ("bf16", "q4"):
+    for kind in [k for k in ("bf16", "q4") if k in built]:
         # It loads (with mlx-lm's loader, as the engine does) and gives finite logits.
         loaded = load_model_sync(target[kind])
         logits = next_logits(loaded.model, prompt_tokens(8, shape["vocab_size"]), None)
@@ -273,9 +279,10 @@ def ensure_models(shape: dict[str, int], folder: Path, threads: int) -> dict[str
     bin_dir = llama_cpp.ensure_built()
     if not all(target[k].exists() for k in ("bf16", "q4", "gguf_bf16")):
         print(f"building the bench models in {folder} (once)", flush=True)
-    result = run_worker("build", {"shape": shape, "folder": str(folder)}, threads, timeout=7200)
-    if result["built"]:
+        result = run_worker("build", {"shape": shape, "folder": str(folder)}, threads)
         print(f"built {', '.join(result['built'])}", flush=True)
+        if "gguf_bf16" in result["built"]:
+            target["gguf_q4"].unlink(missing_ok=True)  # quantized from an older F16 file
     if not target["gguf_q4"].exists():
         partial = target["gguf_q4"].with_name(target["gguf_q4"].name + ".partial")
         # --pure: every tensor Q4_0, as mlx-lm quantizes every linear and the tied embedding to
@@ -322,7 +329,7 @@ def worker_model(
         model = load(folder)[0]
         kernels = "mlx (plain mlx-lm)"
     else:
-        import engine  # noqa: F401  (before mlx: the system BLAS)
+        engine_first()
         import mlx.core as mx
 
         from engine import kernels as engine_kernels
@@ -392,7 +399,7 @@ def worker_kernels(shape: dict[str, int], rotate_bytes: int, min_seconds: float)
     """Seconds per call of each extension op on each shape, for 1 and 64 rows of x. Each call
     reads another copy of the weights, round a ring of copies larger than the last-level cache,
     so the weights come from memory as in a forward pass."""
-    import engine  # noqa: F401  (before mlx: the system BLAS)
+    engine_first()
     import mlx.core as mx
 
     from engine import kernels
@@ -430,8 +437,9 @@ def worker_kernels(shape: dict[str, int], rotate_bytes: int, min_seconds: float)
                 started = time.perf_counter()
                 while len(per_call) < 3 or time.perf_counter() - started < min_seconds:
                     lap = time.perf_counter()
-                    for ws in copies:
-                        mx.eval(call(ws, x))
+                    # One evaluation a lap: the calls run one after another, without a wait
+                    # between them that would count in a small kernel's time.
+                    mx.eval([call(ws, x) for ws in copies])
                     per_call.append((time.perf_counter() - lap) / count)
                 seconds = statistics.median(per_call)
                 results.append({"format": fmt, "name": name, "n": n, "k": k, "rows": rows,
@@ -467,8 +475,8 @@ def last_level_cache_bytes() -> int | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    sizes = [float(m[1]) * units[m[2]]
-             for m in re.finditer(r"^L\d\w* cache:\s+([\d.]+)\s*([KMG])i?B", text, re.MULTILINE)]  # fmt: skip
+    found = re.finditer(r"^L\d\w* cache:\s+([\d.]+)\s*([KMG])i?B", text, re.MULTILINE)
+    sizes = [float(m[1]) * units[m[2]] for m in found]
     return int(max(sizes)) if sizes else None
 
 
@@ -483,15 +491,12 @@ def worker_env(threads: int, kind: str) -> dict[str, str]:
     return env
 
 
-def run_worker(
-    kind: str, payload: dict[str, Any], threads: int, timeout: float | None = None
-) -> dict[str, Any]:
+def run_worker(kind: str, payload: dict[str, Any], threads: int) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, __file__, "--worker", kind, "--payload", json.dumps(payload)],
         capture_output=True,
         text=True,
         env=worker_env(threads, kind),
-        timeout=timeout,
     )
     if out.returncode != 0:
         sys.stderr.write(out.stdout[-2000:] + out.stderr[-4000:])
@@ -519,18 +524,22 @@ def figure(value: float | None) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="a tiny llama (2 layers, hidden 512, vocab 32000): a smoke run")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="engine processes, and llama-bench repetitions, a figure")  # fmt: skip
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="a tiny llama (2 layers, hidden 512): a smoke run"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="engine processes and llama-bench repetitions"
+    )
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--full-anchor", action="store_true",
-                        help="plain mlx-lm prefills 512 tokens too and decodes 32 (very slow)")  # fmt: skip
+    parser.add_argument(
+        "--full-anchor", action="store_true", help="plain mlx-lm runs it all too (very slow)"
+    )
     parser.add_argument("--skip-mlx-lm", action="store_true", help="no plain mlx-lm anchor")
     parser.add_argument("--skip-kernels", action="store_true", help="no single-kernel timings")
-    parser.add_argument("--rotate-mib", type=int, default=None,
-                        help="weights a kernel timing rotates over (default: 2x the L3, >= 1 GiB)")  # fmt: skip
+    parser.add_argument(
+        "--rotate-mib", type=int, help="weights a kernel timing cycles over (default 2x the L3)"
+    )
     for option in ("hidden-size", "num-layers", "num-heads", "num-kv-heads",
                    "intermediate-size", "vocab-size"):  # fmt: skip
         parser.add_argument(f"--{option}", type=int, default=None)
@@ -567,8 +576,8 @@ def main() -> None:
             rotate = args.rotate_mib << 20
         else:
             rotate = 256 << 20 if args.quick else max(2 * (llc or 0), 1 << 30)
-        report = run_worker("kernels", {"shape": shape, "rotate_bytes": rotate,
-                                        "min_seconds": 0.3 if args.quick else 1.0}, threads)  # fmt: skip
+        task = {"shape": shape, "rotate_bytes": rotate, "min_seconds": 0.3 if args.quick else 1.0}
+        report = run_worker("kernels", task, threads)
         kernel_rows, kernels_line = report["results"], report["kernels"]
         print(f"kernels timed alone, rotating over {rotate / 2**20:.0f} MiB of weights", flush=True)
 
@@ -584,6 +593,7 @@ def main() -> None:
             print(f"{variant} engine round {round_ + 1}: {summary(result)}", flush=True)
         if not args.skip_mlx_lm:
             decode = DECODE_TOKENS if args.full_anchor else ANCHOR_DECODE_TOKENS[variant]
+            print(f"{variant} mlx-lm: MLX's own kernels, minutes at the full size", flush=True)
             result = run_worker("mlx_lm", {**payload, "prompts": anchor_prompts,
                                            "decode_tokens": decode}, threads)  # fmt: skip
             runs[(variant, "mlx_lm")] = [result]
@@ -622,8 +632,14 @@ def print_tables(
         return statistics.median(values) if values else None
 
     print()
-    print(f"{threads} threads; engine kernels: {kernels_line}; engine: median of {args.rounds} "
-          f"processes; llama.cpp: llama-bench -r {args.rounds} --repack 0 (its average)")  # fmt: skip
+    print(
+        f"{threads} threads; engine kernels: {kernels_line}; engine: median over {args.rounds} "
+        f"processes; llama.cpp: llama-bench -r {args.rounds} --repack 0 (its average)"
+    )
+    print(
+        "engine: its loader (the kernels, its numpy attention, the system OpenBLAS); mlx-lm: "
+        "mlx_lm.load (MLX's own kernels and attention, the wheel's BLAS); same forward pass"
+    )
     print("| figure | engine | mlx-lm | llama.cpp | engine / llama.cpp | engine / mlx-lm |")
     print("|---|---|---|---|---|---|")
     for variant, label in VARIANTS.items():

@@ -2,7 +2,8 @@
 
 Tolerance: the kernels accumulate in fp32 in another order than MLX, so an output may differ from
 MLX's product computed in fp32 by 1e-5 of the sum of |x_k * w_k| over its dot product, plus the
-rounding of the output type (2^-8 of the value for bfloat16, 2^-11 for float16).
+rounding of the output type (2^-8 of the value for bfloat16, 2^-11 for float16, and float16's
+subnormal spacing, 2^-24).
 """
 # pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
 
@@ -31,6 +32,8 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.describe
 
 ISAS = [name for name in ("avx512", "avx2", "portable") if kernels.available()]
 ROUNDING = {mx.float32: 0.0, mx.bfloat16: 2.0**-8, mx.float16: 2.0**-11}
+# The spacing of the type's smallest (subnormal) values: below it rounding is absolute.
+SMALLEST = {mx.float32: 0.0, mx.bfloat16: 0.0, mx.float16: 2.0**-24}
 FLOATS = [mx.float32, mx.bfloat16, mx.float16]
 PROPERTIES = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -58,7 +61,7 @@ def assert_close(got: mx.array, expected: mx.array, bound: mx.array, dtype: mx.D
     """`got` within accumulation-order differences (`bound` = sum |x w|) and dtype rounding."""
     assert got.shape == expected.shape
     difference = mx.abs(got.astype(mx.float32) - expected)
-    allowed = 1e-5 * bound + ROUNDING[dtype] * mx.abs(expected) + 1e-30
+    allowed = 1e-5 * bound + ROUNDING[dtype] * mx.abs(expected) + SMALLEST[dtype] + 1e-30
     worst = float(mx.max(difference / allowed))
     assert worst <= 1.0, f"off by {worst:.2f}x the tolerance"
 

@@ -12,7 +12,7 @@ extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, i
 
 namespace exo_kernels {
 
-int gemv_max_rows = 32;
+int gemv_max_rows = 96;
 
 namespace {
 
