@@ -9,6 +9,7 @@ subnormal spacing, 2^-24).
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import subprocess
@@ -30,7 +31,7 @@ from engine.loading import load_model_sync
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.describe())
 
-ISAS = [name for name in ("avx512", "avx2", "portable") if kernels.available()]
+ISAS = [name for name in ("avx512bf16", "avx512", "avx2", "portable") if kernels.available()]
 ROUNDING = {mx.float32: 0.0, mx.bfloat16: 2.0**-8, mx.float16: 2.0**-11}
 # The spacing of the type's smallest (subnormal) values: below it rounding is absolute.
 SMALLEST = {mx.float32: 0.0, mx.bfloat16: 0.0, mx.float16: 2.0**-24}
@@ -261,8 +262,9 @@ def greedy_logits(
 def test_a_model_gives_the_same_greedy_tokens_with_and_without_the_kernels(
     kernel_models: dict[str, Path], name: str
 ) -> None:
-    """The first 48 greedy tokens are identical, and the logits at every step agree within the
-    accumulation-order tolerance (relative to the logits' size)."""
+    """The first 48 greedy tokens are identical, and the logits at every step agree within 2 % of
+    the largest logit (5 % for bf16, whose activations round at every layer, so that another order
+    of accumulation moves the logits by a few bf16 steps: 1/128 of the value each)."""
     loaded = load_model_sync(kernel_models[name])
     with_kernels = load_model_sync(kernel_models[name])
     routed = sum(
@@ -276,7 +278,7 @@ def test_a_model_gives_the_same_greedy_tokens_with_and_without_the_kernels(
     assert tokens == expected_tokens
     for got, expected in zip(logits, expected_logits, strict=True):
         scale = float(mx.max(mx.abs(expected)))
-        assert float(mx.max(mx.abs(got - expected))) <= 2e-2 * scale
+        assert float(mx.max(mx.abs(got - expected))) <= (5e-2 if "bf16" in name else 2e-2) * scale
 
 
 def test_an_uncovered_quantization_runs_on_mlx_and_says_so_once(
@@ -328,3 +330,18 @@ def test_the_kernels_can_be_turned_off() -> None:
         env={**os.environ, "EXO_TUI_KERNELS": "mlx"},
     )
     assert result.stdout.strip() == "mlx (EXO_TUI_KERNELS=mlx)"
+
+
+def test_a_quantized_model_holds_what_placement_counts(kernel_models: dict[str, Path]) -> None:
+    """Placement counts a model's weights as its bytes on disk: with the kernels the weights stay
+    4-bit in memory (no fp32 copy), before and after a forward pass."""
+    gc.collect()
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    loaded = load_model_sync(kernel_models["llama-q4-g64"])
+    assert any(type(m).__name__.startswith("Cpu") for _, m in loaded.model.named_modules())
+    greedy_logits(loaded.model, loaded.tokenizer.encode("Once upon a time"), 8)
+    gc.collect()
+    mx.clear_cache()
+    held = mx.get_active_memory() - before
+    assert held == pytest.approx(loaded.card.bytes_on_disk, rel=0.03)

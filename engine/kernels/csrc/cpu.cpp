@@ -12,6 +12,8 @@ namespace {
 bool cpu_has(const char* name) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
+  if (std::strcmp(name, "avx512bf16") == 0)
+    return cpu_has("avx512") && __builtin_cpu_supports("avx512bf16");
   if (std::strcmp(name, "avx512") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -27,6 +29,7 @@ bool cpu_has(const char* name) {
 bool isa_supported(const char* name) { return cpu_has(name); }
 
 const Isa* isa_by_name(const char* name) {
+  if (std::strcmp(name, "avx512bf16") == 0) return &isa_avx512bf16;
   if (std::strcmp(name, "avx512") == 0) return &isa_avx512;
   if (std::strcmp(name, "avx2") == 0) return &isa_avx2;
   if (std::strcmp(name, "portable") == 0) return &isa_portable;
@@ -37,7 +40,7 @@ namespace {
 const Isa* detect() {
   // EXO_TUI_KERNELS_ISA=avx2|portable caps the choice (to compare the builds on one machine).
   const char* cap = std::getenv("EXO_TUI_KERNELS_ISA");
-  const char* order[] = {"avx512", "avx2", "portable"};
+  const char* order[] = {"avx512bf16", "avx512", "avx2", "portable"};
   bool allowed = cap == nullptr || *cap == '\0';
   for (const char* name : order) {
     if (!allowed && std::strcmp(name, cap) == 0) allowed = true;

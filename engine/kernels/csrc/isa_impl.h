@@ -346,7 +346,56 @@ void half_gemv_typed(const HalfArgs& a, int n0, int n1) {
   }
 }
 
+#if defined(EXO_BF16_DOT)
+// bf16 weights by bf16 x on AVX512-BF16: vdpbf16ps takes 32 pairs of each per instruction.
+template <int MR, int NR>
+inline void dot_block(const HalfArgs& a, int n, int m0) {
+  const int k_all = a.k, k_vec = k_all - k_all % 32;
+  const uint16_t* x = a.x16 + static_cast<std::size_t>(m0) * k_all;
+  const uint16_t* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = a.w + static_cast<std::size_t>(n + r) * k_all;
+  const std::size_t ahead = static_cast<std::size_t>(NR) * k_all;  // the next block's rows
+  __m512 acc[NR][MR];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
+  for (int k = 0; k < k_vec; k += 32) {
+    __m512bh w[NR];
+    for (int r = 0; r < NR; ++r) {
+      if (k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + k), _MM_HINT_T0);
+      w[r] = (__m512bh)_mm512_loadu_si512(rows[r] + k);
+    }
+    for (int m = 0; m < MR; ++m) {
+      const __m512bh xm = (__m512bh)_mm512_loadu_si512(x + static_cast<std::size_t>(m) * k_all + k);
+      for (int r = 0; r < NR; ++r) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], w[r], xm);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) {
+      float s = _mm512_reduce_add_ps(acc[r][m]);
+      for (int k = k_vec; k < k_all; ++k)
+        s += bf16_to_float(x[static_cast<std::size_t>(m) * k_all + k]) * bf16_to_float(rows[r][k]);
+      a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n + r] = s;
+    }
+}
+
+template <int MR>
+inline void dot_rows(const HalfArgs& a, int n0, int n1, int m0) {
+  int n = n0;
+  for (; n + 4 <= n1; n += 4) dot_block<MR, 4>(a, n, m0);
+  for (; n < n1; ++n) dot_block<MR, 1>(a, n, m0);
+}
+#endif
+
 void half_gemv(const HalfArgs& a, int n0, int n1) {
+#if defined(EXO_BF16_DOT)
+  if (a.x16 != nullptr && a.w_type == Scalar::bf16) {
+    for (int nb = n0; nb < n1; nb += WEIGHT_ROWS_PER_PASS / 4) {
+      const int ne = std::min(n1, nb + WEIGHT_ROWS_PER_PASS / 4);
+      row_blocks<LOOKUP_ROWS>(a.rows, [&]<int MR>(int m) { dot_rows<MR>(a, nb, ne, m); });
+    }
+    return;
+  }
+#endif
   if (a.w_type == Scalar::bf16) half_gemv_typed<bf16>(a, n0, n1);
   else half_gemv_typed<f16>(a, n0, n1);
 }
@@ -407,6 +456,11 @@ extern const Isa ISA_TABLE;
 const Isa ISA_TABLE = {
     ISA_NAME,
     ISA_NS::L,
+#if defined(EXO_BF16_DOT)
+    true,
+#else
+    false,
+#endif
     ISA_NS::quantized_gemv,
     ISA_NS::half_gemv,
     ISA_NS::quantized_dequantize,

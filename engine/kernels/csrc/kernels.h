@@ -31,6 +31,7 @@ struct QuantizedArgs {
 // out[m, n] = sum_k x[m, k] * w[n, k], with w in bf16 or fp16.
 struct HalfArgs {
   const float* x;  // [M, k] fp32
+  const uint16_t* x16;  // the same rows in bf16, where x is bf16 (else nullptr)
   int rows;
   int k;
   int n;
@@ -43,6 +44,9 @@ struct HalfArgs {
 struct Isa {
   const char* name;
   int lanes;  // fp32 lanes of one vector
+  // half_gemv multiplies bf16 by bf16 in hardware (AVX512-BF16) when given x16: the products are
+  // exact in fp32, so only the order of accumulation differs, at twice the FMAs' rate.
+  bool bf16_dot;
   // The output rows [n0, n1) of a product with few rows of x (decoding).
   void (*quantized_gemv)(const QuantizedArgs&, int n0, int n1);
   void (*half_gemv)(const HalfArgs&, int n0, int n1);
@@ -54,6 +58,7 @@ struct Isa {
   void (*from_f32)(const float* in, Scalar type, std::size_t count, void* out);
 };
 
+extern const Isa isa_avx512bf16;
 extern const Isa isa_avx512;
 extern const Isa isa_avx2;
 extern const Isa isa_portable;

@@ -13,6 +13,7 @@ extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, i
 namespace exo_kernels {
 
 int gemv_max_rows = 96;
+int bf16_dot_max_rows = 96;
 
 namespace {
 
@@ -126,11 +127,16 @@ void run_half_matmul(const void* x_in, Scalar x_type, int rows, int k, const uin
                  int n, void* out, Scalar out_type) {
   const Isa& isa = best_isa();
   Scratch& s = scratch();
-  const float* x = as_f32(isa, x_in, x_type, static_cast<std::size_t>(rows) * k, s.x);
+  // bf16 by bf16 in hardware reads x as it is; every other path takes it in fp32.
+  const bool dot = isa.bf16_dot && x_type == Scalar::bf16 && w_type == Scalar::bf16;
+  const bool gemv = rows <= (dot ? bf16_dot_max_rows : gemv_max_rows);
+  const float* x =
+      dot && gemv ? nullptr : as_f32(isa, x_in, x_type, static_cast<std::size_t>(rows) * k, s.x);
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
-  HalfArgs args{x, rows, k, n, w, w_type, out32, n};
-  if (rows <= gemv_max_rows) {
+  HalfArgs args{x, dot ? static_cast<const uint16_t*>(x_in) : nullptr, rows, k, n, w, w_type,
+                out32, n};
+  if (gemv) {
     gemv_parallel(n, [&](int n0, int n1) { isa.half_gemv(args, n0, n1); });
   } else {
     tiled_gemm(x, rows, k, n, out32,
