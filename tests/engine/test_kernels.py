@@ -31,7 +31,12 @@ from engine.loading import load_model_sync
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.describe())
 
-ISAS = [name for name in ("avx512bf16", "avx512", "avx2", "portable") if kernels.available()]
+# Each instruction set; "+amx" also runs bf16 products of 16 rows or more on AMX tiles.
+ISAS = [
+    name
+    for name in ("avx512bf16+amx", "avx512bf16", "avx512", "avx2", "portable")
+    if kernels.available()
+]
 ROUNDING = {mx.float32: 0.0, mx.bfloat16: 2.0**-8, mx.float16: 2.0**-11}
 # The spacing of the type's smallest (subnormal) values: below it rounding is absolute.
 SMALLEST = {mx.float32: 0.0, mx.bfloat16: 0.0, mx.float16: 2.0**-24}
@@ -51,11 +56,17 @@ def ext() -> Any:
 def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each instruction set the CPU runs, in turn; the best one again afterwards."""
     best = ext().isa()
-    if not ext().isa_supported(request.param):
-        pytest.skip(f"this CPU does not run {request.param}")
-    assert ext().use_isa(request.param)
+    name, _, tiles = request.param.partition("+")
+    if not ext().isa_supported(name):
+        pytest.skip(f"this CPU does not run {name}")
+    ext().set_amx(bool(tiles))
+    if tiles and not ext().amx():
+        ext().set_amx(True)
+        pytest.skip("this CPU has no AMX tiles")
+    assert ext().use_isa(name)
     yield request.param
     ext().use_isa(best)
+    ext().set_amx(True)
 
 
 def assert_close(got: mx.array, expected: mx.array, bound: mx.array, dtype: mx.Dtype) -> None:

@@ -3,6 +3,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
+#include "amx.h"
 #include "kernels.h"
 #include "matmul.h"
 #include "mlx/version.h"
@@ -33,6 +34,10 @@ NB_MODULE(_kernels, m) {
   });
   m.def("use_isa", [](const std::string& name) { return exo_kernels::use_isa(name.c_str()); },
         "name"_a, "Run the named instruction set's kernels from now on (False: not on this CPU)");
+  m.def("amx", [] { return exo_kernels::amx_enabled && exo_kernels::amx_available(); },
+        "Whether bf16 products of many rows run on AMX tiles");
+  m.def("set_amx", [](bool on) { exo_kernels::amx_enabled = on; }, "on"_a);
+  m.def("set_amx_min_rows", [](int rows) { exo_kernels::amx_min_rows = rows; }, "rows"_a);
   m.def("threads", &exo_kernels::thread_count);
   m.def("set_threads", &exo_kernels::set_thread_count, "threads"_a);
   m.def("gemv_max_rows", [] { return exo_kernels::gemv_max_rows; });

@@ -278,7 +278,97 @@ void quantized_dequantize_typed(const QuantizedArgs& a, int n0, int n1, float* t
   }
 }
 
+#if defined(EXO_BF16_DOT)
+// 4 bits by bf16 x on AVX512-BF16: a group's sum of q * x with q (0-15, exact in bf16) from a
+// constant lookup, 64 nibbles per permute pair, and x in bf16: exact products, fp32 sums. The
+// scale applies once per group, the bias once per row (bias . sum of x per group).
+template <int MR, int NR, typename S>
+inline void dot4_block(const QuantizedArgs& a, int n, int m0) {
+  const int k_all = a.k, gs = a.group_size, groups = k_all / gs, chunks = gs / 64;
+  const std::size_t row_bytes = static_cast<std::size_t>(k_all) / 2;
+  const uint16_t* x = a.x16 + static_cast<std::size_t>(m0) * k_all;
+  const float* xsum = a.xsum + static_cast<std::size_t>(m0) * groups;
+  const uint8_t* rows[NR];
+  const S* scales[NR];
+  const S* biases[NR];
+  for (int r = 0; r < NR; ++r) {
+    rows[r] = reinterpret_cast<const uint8_t*>(a.w) + static_cast<std::size_t>(n + r) * row_bytes;
+    scales[r] = static_cast<const S*>(a.scales) + static_cast<std::size_t>(n + r) * groups;
+    biases[r] = static_cast<const S*>(a.biases) + static_cast<std::size_t>(n + r) * groups;
+  }
+  const std::size_t ahead = NR * row_bytes;
+  // bf16 of 0..15, repeated for vpermw's 32 entries.
+  alignas(64) static const uint16_t levels_bits[32] = {
+      0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120,
+      0x4130, 0x4140, 0x4150, 0x4160, 0x4170, 0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0,
+      0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+  const __m512i levels = _mm512_load_si512(levels_bits);
+  const __m512i nibble = _mm512_set1_epi16(0x0f);
+  __m512 total[NR][MR];
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) total[r][m] = _mm512_setzero_ps();
+  for (int g = 0; g < groups; ++g) {
+    for (int r = 0; r < NR; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(rows[r]) + ahead + g * gs / 2, _MM_HINT_T0);
+    __m512 acc[NR][MR];
+    for (int r = 0; r < NR; ++r)
+      for (int m = 0; m < MR; ++m) acc[r][m] = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; ++c) {
+      const int k = g * gs + c * 64;
+      __m512bh lo[NR], hi[NR];
+      for (int r = 0; r < NR; ++r) {
+        const __m512i bytes = _mm512_cvtepu8_epi16(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows[r] + k / 2)));
+        lo[r] = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(bytes, nibble), levels);
+        hi[r] = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), levels);
+      }
+      for (int m = 0; m < MR; ++m) {
+        const uint16_t* xm = x + static_cast<std::size_t>(m) * k_all + k;
+        const __m512bh even = (__m512bh)_mm512_loadu_si512(xm);
+        const __m512bh odd = (__m512bh)_mm512_loadu_si512(xm + 32);
+        for (int r = 0; r < NR; ++r) {
+          acc[r][m] = _mm512_dpbf16_ps(acc[r][m], lo[r], even);
+          acc[r][m] = _mm512_dpbf16_ps(acc[r][m], hi[r], odd);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m512 s = _mm512_set1_ps(to_float(scales[r][g]));
+      for (int m = 0; m < MR; ++m) total[r][m] = _mm512_fmadd_ps(acc[r][m], s, total[r][m]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int m = 0; m < MR; ++m) {
+      float bias = 0.0f;
+      for (int g = 0; g < groups; ++g) bias += to_float(biases[r][g]) * xsum[m * groups + g];
+      a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n + r] =
+          _mm512_reduce_add_ps(total[r][m]) + bias;
+    }
+}
+
+template <typename S>
+void dot4_gemv(const QuantizedArgs& a, int n0, int n1) {
+  for (int nb = n0; nb < n1; nb += WEIGHT_ROWS_PER_PASS) {
+    const int ne = std::min(n1, nb + WEIGHT_ROWS_PER_PASS);
+    row_blocks<LOOKUP_ROWS>(a.rows, [&]<int MR>(int m) {
+      int n = nb;
+      for (; n + 4 <= ne; n += 4) dot4_block<MR, 4, S>(a, n, m);
+      for (; n < ne; ++n) dot4_block<MR, 1, S>(a, n, m);
+    });
+  }
+}
+#endif
+
 void quantized_gemv(const QuantizedArgs& a, int n0, int n1) {
+#if defined(EXO_BF16_DOT)
+  if (a.x16 != nullptr && a.bits == 4 && a.group_size % 64 == 0) {
+    switch (a.scale_type) {
+      case Scalar::f32: return dot4_gemv<float>(a, n0, n1);
+      case Scalar::bf16: return dot4_gemv<bf16>(a, n0, n1);
+      case Scalar::f16: return dot4_gemv<f16>(a, n0, n1);
+    }
+  }
+#endif
   const bool four = a.bits == 4;
   switch (a.scale_type) {
     case Scalar::f32:

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "amx.h"
 #include "threads.h"
 
 extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
@@ -14,6 +15,7 @@ namespace exo_kernels {
 
 int gemv_max_rows = 96;
 int bf16_dot_max_rows = 96;
+int amx_min_rows = 16;
 
 namespace {
 
@@ -24,7 +26,8 @@ constexpr std::size_t TILE_FLOATS = std::size_t{1} << 20;
 
 // Buffers kept per thread between calls, so a decoding step allocates nothing.
 struct Scratch {
-  std::vector<float> x, prepared, sums, out, tile;
+  std::vector<float> x, prepared, sums, out, tile, bias;
+  std::vector<uint16_t> x16, tiles_x;
 };
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -111,8 +114,45 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
     }
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
-  QuantizedArgs args{prepared, sums, rows, k, n, w, scales, biases, scale_type, group_size, bits,
-                     out32, n};
+  // bf16 x by 4-bit weights in hardware: x in bf16 as it came, in the order of the nibbles.
+  const uint16_t* x16 = nullptr;
+  const bool dot = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && group_size % 64 == 0;
+  const bool tiles = dot && amx_enabled && rows >= amx_min_rows && n >= 32 && amx_available();
+  if (dot && (tiles || rows <= gemv_max_rows)) {
+    const uint16_t* in = static_cast<const uint16_t*>(x_in);
+    s.x16.resize(std::max(s.x16.size(), x_count));
+    uint16_t* p = s.x16.data();
+    for (std::size_t base = 0; base < x_count; base += 64)
+      for (int i = 0; i < 32; ++i) {
+        p[base + i] = in[base + 2 * i];
+        p[base + 32 + i] = in[base + 2 * i + 1];
+      }
+    x16 = p;
+  }
+  QuantizedArgs args{prepared, sums, x16, rows, k, n, w, scales, biases, scale_type, group_size,
+                     bits, out32, n};
+  if (tiles) {
+    // The tiles take the weight rows 32 at a time; the rest, and the biases' term, elsewhere.
+    const int tiled = n - n % 32, pairs = tiled / 32;
+    s.tiles_x.resize(std::max(s.tiles_x.size(), amx_x_size(rows, k)));
+    uint16_t* prepared16 = s.tiles_x.data();
+    amx_prepare_x(x16, rows, k, prepared16);
+    const int parts = std::max(1, std::min(thread_count(), pairs));
+    parallel_for(parts, [&](int part) {
+      const auto [p0, p1] = share(pairs, parts, part, 1);
+      if (p0 < p1)
+        amx_quantized_gemm(prepared16, rows, k, w, scales, static_cast<int>(scale_type),
+                           group_size, p0 * 32, p1 * 32, out32, n);
+    });
+    // out[m, n] += sum over groups of xsum[m, g] * bias[n, g]: a small product through BLAS.
+    float* bias32 = sized(s.bias, static_cast<std::size_t>(tiled) * groups);
+    isa.to_f32(biases, scale_type, static_cast<std::size_t>(tiled) * groups, bias32);
+    cblas_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, tiled, groups, 1.0f, sums,
+                groups, bias32, groups, 1.0f, out32, n);
+    if (tiled < n) isa.quantized_gemv(args, tiled, n);
+    if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
+    return;
+  }
   if (rows <= gemv_max_rows) {
     gemv_parallel(n, [&](int n0, int n1) { isa.quantized_gemv(args, n0, n1); });
   } else {
@@ -130,6 +170,25 @@ void run_half_matmul(const void* x_in, Scalar x_type, int rows, int k, const uin
   // bf16 by bf16 in hardware reads x as it is; every other path takes it in fp32.
   const bool dot = isa.bf16_dot && x_type == Scalar::bf16 && w_type == Scalar::bf16;
   const bool gemv = rows <= (dot ? bf16_dot_max_rows : gemv_max_rows);
+  if (dot && amx_enabled && rows >= amx_min_rows && k % 32 == 0 && n >= 32 && amx_available()) {
+    const std::size_t out_count = static_cast<std::size_t>(rows) * n;
+    float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
+    const uint16_t* x16 = static_cast<const uint16_t*>(x_in);
+    s.tiles_x.resize(std::max(s.tiles_x.size(), amx_x_size(rows, k)));
+    amx_prepare_x(x16, rows, k, s.tiles_x.data());
+    const int tiled = n - n % 32, pairs = tiled / 32;
+    const int parts = std::max(1, std::min(thread_count(), pairs));
+    parallel_for(parts, [&](int part) {
+      const auto [p0, p1] = share(pairs, parts, part, 1);
+      if (p0 < p1) amx_half_gemm(s.tiles_x.data(), rows, k, w, p0 * 32, p1 * 32, out32, n);
+    });
+    if (tiled < n) {  // the last rows (fewer than 32) as dot products
+      HalfArgs args{nullptr, x16, rows, k, n, w, w_type, out32, n};
+      isa.half_gemv(args, tiled, n);
+    }
+    if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
+    return;
+  }
   const float* x =
       dot && gemv ? nullptr : as_f32(isa, x_in, x_type, static_cast<std::size_t>(rows) * k, s.x);
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;

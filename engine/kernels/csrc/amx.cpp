@@ -1,0 +1,230 @@
+#include "amx.h"
+
+#include <cstring>
+#include <vector>
+
+#include "half_bits.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+namespace exo_kernels {
+
+bool amx_enabled = true;
+
+std::size_t amx_x_size(int rows, int k) {
+  const std::size_t padded = (static_cast<std::size_t>(rows) + 31) / 32 * 32;
+  return padded * k;
+}
+
+// Per tile of 16 rows of x and per 32 values of k, one 1 KiB block: row kk holds, for each of
+// the 16 rows m, the pair x[m][2kk], x[m][2kk+1] (the tiles' "VNNI" layout for B). Rows past
+// `rows` are zero.
+void amx_prepare_x(const uint16_t* x, int rows, int k, uint16_t* prepared) {
+  const int tiles = (rows + 31) / 32 * 2, steps = k / 32;
+  for (int t = 0; t < tiles; ++t)
+    for (int s = 0; s < steps; ++s) {
+      uint16_t* block = prepared + (static_cast<std::size_t>(t) * steps + s) * 512;
+      for (int mm = 0; mm < 16; ++mm) {
+        const int m = t * 16 + mm;
+        const uint16_t* row = x + static_cast<std::size_t>(m) * k + s * 32;
+        for (int kk = 0; kk < 16; ++kk) {
+          block[kk * 32 + 2 * mm] = m < rows ? row[2 * kk] : 0;
+          block[kk * 32 + 2 * mm + 1] = m < rows ? row[2 * kk + 1] : 0;
+        }
+      }
+    }
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+
+namespace {
+
+constexpr long ARCH_REQ_XCOMP_PERM = 0x1023;
+constexpr long XFEATURE_XTILEDATA = 18;
+
+struct TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} __attribute__((packed));
+
+// Eight tiles of 16 rows by 64 bytes: C at 0-3 (two weight tiles by two x tiles, fp32), the
+// weights' A at 4-5, x's B at 6-7.
+void configure() {
+  TileConfig config;
+  std::memset(&config, 0, sizeof(config));
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = 16;
+  }
+  _tile_loadconfig(&config);
+}
+
+}  // namespace
+
+bool amx_available() {
+  static const bool available = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+    // Linux hands out the tiles' state only to a process that asks for it.
+    return tile && bf16 && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return available;
+}
+
+void amx_half_gemm(const uint16_t* prepared, int rows, int k, const uint16_t* w, int n0, int n1,
+                   float* out, int ldo) {
+  configure();
+  const int steps = k / 32, pairs = (rows + 31) / 32;
+  const long stride = static_cast<long>(k) * 2;
+  alignas(64) float c[4][16][16];
+  // The weight rows outside, so a pair of weight tiles stays in L2 while every pair of x
+  // tiles passes over it, and the weights come from memory once.
+  for (int n = n0; n < n1; n += 32) {
+    const uint16_t* w0 = w + static_cast<std::size_t>(n) * k;
+    const uint16_t* w1 = w0 + static_cast<std::size_t>(16) * k;
+    for (int p = 0; p < pairs; ++p) {
+      const uint16_t* b0 = prepared + static_cast<std::size_t>(2 * p) * steps * 512;
+      const uint16_t* b1 = b0 + static_cast<std::size_t>(steps) * 512;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int s = 0; s < steps; ++s) {
+        _tile_loadd(4, w0 + s * 32, stride);
+        _tile_loadd(5, w1 + s * 32, stride);
+        _tile_loadd(6, b0 + s * 512, 64);
+        _tile_loadd(7, b1 + s * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c[0], 64);
+      _tile_stored(1, c[1], 64);
+      _tile_stored(2, c[2], 64);
+      _tile_stored(3, c[3], 64);
+      // c[tile][weight row][x row] to out[x row][weight row].
+      for (int t = 0; t < 4; ++t) {
+        const int nb = n + (t / 2) * 16, mb = p * 32 + (t % 2) * 16;
+        for (int mm = 0; mm < 16 && mb + mm < rows; ++mm)
+          for (int nn = 0; nn < 16; ++nn)
+            out[static_cast<std::size_t>(mb + mm) * ldo + nb + nn] = c[t][nn][mm];
+      }
+    }
+  }
+  _tile_release();
+}
+
+namespace {
+
+float scale_at(const void* scales, int type, std::size_t i) {
+  const uint16_t* h = static_cast<const uint16_t*>(scales);
+  switch (type) {
+    case 1: return bf16_to_float(h[i]);
+    case 2: return f16_to_float(h[i]);
+    default: return static_cast<const float*>(scales)[i];
+  }
+}
+
+// 32 weight rows' q (0-15) as bf16, row by row, each chunk of 64 as its low nibbles then its
+// high ones (the order of the prepared x).
+void unpack_rows(const uint8_t* w, int k, uint16_t* q) {
+  alignas(64) static const uint16_t levels_bits[32] = {
+      0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120,
+      0x4130, 0x4140, 0x4150, 0x4160, 0x4170, 0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0,
+      0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+  const __m512i levels = _mm512_load_si512(levels_bits);
+  const __m512i nibble = _mm512_set1_epi16(0x0f);
+  const std::size_t row_bytes = static_cast<std::size_t>(k) / 2;
+  for (int r = 0; r < 32; ++r)
+    for (int c = 0; c < k; c += 64) {
+      const __m512i bytes = _mm512_cvtepu8_epi16(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * row_bytes + c / 2)));
+      uint16_t* out = q + static_cast<std::size_t>(r) * k + c;
+      _mm512_storeu_si512(out, _mm512_permutexvar_epi16(_mm512_and_si512(bytes, nibble), levels));
+      _mm512_storeu_si512(out + 32,
+                          _mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), levels));
+    }
+}
+
+}  // namespace
+
+void amx_quantized_gemm(const uint16_t* prepared, int rows, int k, const uint32_t* w,
+                        const void* scales, int scale_type, int group_size, int n0, int n1,
+                        float* out, int ldo) {
+  configure();
+  const int steps = k / 32, pairs = (rows + 31) / 32, groups = k / group_size;
+  const int steps_per_group = group_size / 32;
+  const long stride = static_cast<long>(k) * 2;
+  const std::size_t row_bytes = static_cast<std::size_t>(k) / 2;
+  thread_local std::vector<uint16_t> q;
+  q.resize(static_cast<std::size_t>(32) * k);
+  alignas(64) float c[4][16][16];
+  alignas(64) float total[4][16][16];
+  for (int n = n0; n < n1; n += 32) {
+    unpack_rows(reinterpret_cast<const uint8_t*>(w) + n * row_bytes, k, q.data());
+    const uint16_t* a0 = q.data();
+    const uint16_t* a1 = a0 + static_cast<std::size_t>(16) * k;
+    for (int p = 0; p < pairs; ++p) {
+      const uint16_t* b0 = prepared + static_cast<std::size_t>(2 * p) * steps * 512;
+      const uint16_t* b1 = b0 + static_cast<std::size_t>(steps) * 512;
+      std::memset(total, 0, sizeof(total));
+      for (int g = 0; g < groups; ++g) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int s = g * steps_per_group; s < (g + 1) * steps_per_group; ++s) {
+          _tile_loadd(4, a0 + s * 32, stride);
+          _tile_loadd(5, a1 + s * 32, stride);
+          _tile_loadd(6, b0 + s * 512, 64);
+          _tile_loadd(7, b1 + s * 512, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, c[0], 64);
+        _tile_stored(1, c[1], 64);
+        _tile_stored(2, c[2], 64);
+        _tile_stored(3, c[3], 64);
+        for (int t = 0; t < 4; ++t)
+          for (int nn = 0; nn < 16; ++nn) {
+            const int row = n + (t / 2) * 16 + nn;
+            const __m512 scale =
+                _mm512_set1_ps(scale_at(scales, scale_type, static_cast<std::size_t>(row) * groups + g));
+            _mm512_store_ps(total[t][nn], _mm512_fmadd_ps(_mm512_load_ps(c[t][nn]), scale,
+                                                          _mm512_load_ps(total[t][nn])));
+          }
+      }
+      for (int t = 0; t < 4; ++t) {
+        const int nb = n + (t / 2) * 16, mb = p * 32 + (t % 2) * 16;
+        for (int mm = 0; mm < 16 && mb + mm < rows; ++mm)
+          for (int nn = 0; nn < 16; ++nn)
+            out[static_cast<std::size_t>(mb + mm) * ldo + nb + nn] = total[t][nn][mm];
+      }
+    }
+  }
+  _tile_release();
+}
+
+#else
+
+bool amx_available() { return false; }
+void amx_half_gemm(const uint16_t*, int, int, const uint16_t*, int, int, float*, int) {}
+void amx_quantized_gemm(const uint16_t*, int, int, const uint32_t*, const void*, int, int, int,
+                        int, float*, int) {}
+
+#endif
+
+}  // namespace exo_kernels
