@@ -15,9 +15,6 @@ enum class Scalar : int { f32 = 0, bf16 = 1, f16 = 2 };
 struct QuantizedArgs {
   const float* x;
   const float* xsum;
-  // With bf16_dot, 4 bits in groups of 64 or 128 and bf16 x: x in bf16, each chunk of 64 values
-  // split into its even and odd positions (else nullptr).
-  const uint16_t* x16;
   int rows;  // M
   int k;
   int n;
