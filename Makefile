@@ -5,7 +5,10 @@ PY := $(VENV)/bin/python
 
 .PHONY: run test lint typecheck bench bench-kernels screenshots clean
 
-$(VENV)/.base: pyproject.toml
+# The CPU kernels (engine/kernels) compile at install: editing them reinstalls.
+KERNEL_SOURCES := setup.py engine/kernels/CMakeLists.txt $(wildcard engine/kernels/csrc/*)
+
+$(VENV)/.base: pyproject.toml $(KERNEL_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
