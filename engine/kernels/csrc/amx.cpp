@@ -68,6 +68,40 @@ void configure() {
   _tile_loadconfig(&config);
 }
 
+// c = (a0; a1) by (b0, b1) over the k steps [s0, s1): tiles 0-3 zeroed, multiplied, stored.
+// a0 and a1 are 16 weight rows each (`stride` bytes apart); b0 and b1 two tiles of prepared x.
+void multiply_tiles(const uint16_t* a0, const uint16_t* a1, long stride, const uint16_t* b0,
+                    const uint16_t* b1, int s0, int s1, float (*c)[16][16]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int s = s0; s < s1; ++s) {
+    _tile_loadd(4, a0 + s * 32, stride);
+    _tile_loadd(5, a1 + s * 32, stride);
+    _tile_loadd(6, b0 + s * 512, 64);
+    _tile_loadd(7, b1 + s * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
+}
+
+// c[tile][weight row][x row] of weight rows n.. and x rows 32p.. to out[x row][weight row].
+void scatter(const float (*c)[16][16], int n, int p, int rows, float* out, int ldo) {
+  for (int t = 0; t < 4; ++t) {
+    const int nb = n + (t / 2) * 16, mb = p * 32 + (t % 2) * 16;
+    for (int mm = 0; mm < 16 && mb + mm < rows; ++mm)
+      for (int nn = 0; nn < 16; ++nn)
+        out[static_cast<std::size_t>(mb + mm) * ldo + nb + nn] = c[t][nn][mm];
+  }
+}
+
 }  // namespace
 
 bool amx_available() {
@@ -95,31 +129,8 @@ void amx_half_gemm(const uint16_t* prepared, int rows, int k, const uint16_t* w,
     for (int p = 0; p < pairs; ++p) {
       const uint16_t* b0 = prepared + static_cast<std::size_t>(2 * p) * steps * 512;
       const uint16_t* b1 = b0 + static_cast<std::size_t>(steps) * 512;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int s = 0; s < steps; ++s) {
-        _tile_loadd(4, w0 + s * 32, stride);
-        _tile_loadd(5, w1 + s * 32, stride);
-        _tile_loadd(6, b0 + s * 512, 64);
-        _tile_loadd(7, b1 + s * 512, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
-      _tile_stored(0, c[0], 64);
-      _tile_stored(1, c[1], 64);
-      _tile_stored(2, c[2], 64);
-      _tile_stored(3, c[3], 64);
-      // c[tile][weight row][x row] to out[x row][weight row].
-      for (int t = 0; t < 4; ++t) {
-        const int nb = n + (t / 2) * 16, mb = p * 32 + (t % 2) * 16;
-        for (int mm = 0; mm < 16 && mb + mm < rows; ++mm)
-          for (int nn = 0; nn < 16; ++nn)
-            out[static_cast<std::size_t>(mb + mm) * ldo + nb + nn] = c[t][nn][mm];
-      }
+      multiply_tiles(w0, w1, stride, b0, b1, 0, steps, c);
+      scatter(c, n, p, rows, out, ldo);
     }
   }
   _tile_release();
@@ -180,24 +191,7 @@ void amx_quantized_gemm(const uint16_t* prepared, int rows, int k, const uint32_
       const uint16_t* b1 = b0 + static_cast<std::size_t>(steps) * 512;
       std::memset(total, 0, sizeof(total));
       for (int g = 0; g < groups; ++g) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int s = g * steps_per_group; s < (g + 1) * steps_per_group; ++s) {
-          _tile_loadd(4, a0 + s * 32, stride);
-          _tile_loadd(5, a1 + s * 32, stride);
-          _tile_loadd(6, b0 + s * 512, 64);
-          _tile_loadd(7, b1 + s * 512, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, c[0], 64);
-        _tile_stored(1, c[1], 64);
-        _tile_stored(2, c[2], 64);
-        _tile_stored(3, c[3], 64);
+        multiply_tiles(a0, a1, stride, b0, b1, g * steps_per_group, (g + 1) * steps_per_group, c);
         for (int t = 0; t < 4; ++t)
           for (int nn = 0; nn < 16; ++nn) {
             const int row = n + (t / 2) * 16 + nn;
@@ -207,12 +201,7 @@ void amx_quantized_gemm(const uint16_t* prepared, int rows, int k, const uint32_
                                                           _mm512_load_ps(total[t][nn])));
           }
       }
-      for (int t = 0; t < 4; ++t) {
-        const int nb = n + (t / 2) * 16, mb = p * 32 + (t % 2) * 16;
-        for (int mm = 0; mm < 16 && mb + mm < rows; ++mm)
-          for (int nn = 0; nn < 16; ++nn)
-            out[static_cast<std::size_t>(mb + mm) * ldo + nb + nn] = total[t][nn][mm];
-      }
+      scatter(total, n, p, rows, out, ldo);
     }
   }
   _tile_release();
