@@ -42,6 +42,4 @@ NB_MODULE(_kernels, m) {
   m.def("set_threads", &exo_kernels::set_thread_count, "threads"_a);
   m.def("gemv_max_rows", [] { return exo_kernels::gemv_max_rows; });
   m.def("set_gemv_max_rows", [](int rows) { exo_kernels::gemv_max_rows = rows; }, "rows"_a);
-  m.def("set_bf16_dot_max_rows", [](int rows) { exo_kernels::bf16_dot_max_rows = rows; },
-        "rows"_a);
 }

@@ -91,6 +91,22 @@ inline float hsum(vf v) {
   return s;
 }
 
+// Where NR packed weight rows from row n start, with their scales and biases.
+template <int NR, typename S>
+struct WeightRows {
+  const uint8_t* rows[NR];
+  const S* scales[NR];
+  const S* biases[NR];
+  WeightRows(const QuantizedArgs& a, int n, std::size_t row_bytes, int groups) {
+    for (int r = 0; r < NR; ++r) {
+      const std::size_t row = static_cast<std::size_t>(n + r);
+      rows[r] = reinterpret_cast<const uint8_t*>(a.w) + row * row_bytes;
+      scales[r] = static_cast<const S*>(a.scales) + row * groups;
+      biases[r] = static_cast<const S*>(a.biases) + row * groups;
+    }
+  }
+};
+
 // A block of NR weight rows against MR rows of x. The NR * MR accumulator chains are
 // independent, which hides the FMA latency; each weight chunk is unpacked once for all MR rows.
 template <int MR, int NR, int BITS, typename S>
@@ -101,14 +117,8 @@ inline void quantized_block(const QuantizedArgs& a, int n, int m0) {
   const std::size_t row_bytes = static_cast<std::size_t>(k_all) * BITS / 8;
   const float* x = a.x + static_cast<std::size_t>(m0) * k_all;
   const float* xsum = a.xsum + static_cast<std::size_t>(m0) * groups;
-  const uint8_t* rows[NR];
-  const S* scales[NR];
-  const S* biases[NR];
-  for (int r = 0; r < NR; ++r) {
-    rows[r] = reinterpret_cast<const uint8_t*>(a.w) + static_cast<std::size_t>(n + r) * row_bytes;
-    scales[r] = static_cast<const S*>(a.scales) + static_cast<std::size_t>(n + r) * groups;
-    biases[r] = static_cast<const S*>(a.biases) + static_cast<std::size_t>(n + r) * groups;
-  }
+  const WeightRows<NR, S> block(a, n, row_bytes, groups);
+  const auto& [rows, scales, biases] = block;
   vf total[NR][MR] = {};
   float bias[NR][MR] = {};
   for (int g = 0; g < groups; ++g) {
@@ -159,20 +169,14 @@ inline void quantized_block_lookup(const QuantizedArgs& a, int n, int m0) {
   const int chunks = gs / (2 * L);
   const std::size_t row_bytes = static_cast<std::size_t>(k_all) / 2;
   const float* x = a.x + static_cast<std::size_t>(m0) * k_all;
-  const uint8_t* rows[NR];
-  const S* scales[NR];
-  const S* biases[NR];
-  for (int r = 0; r < NR; ++r) {
-    rows[r] = reinterpret_cast<const uint8_t*>(a.w) + static_cast<std::size_t>(n + r) * row_bytes;
-    scales[r] = static_cast<const S*>(a.scales) + static_cast<std::size_t>(n + r) * groups;
-    biases[r] = static_cast<const S*>(a.biases) + static_cast<std::size_t>(n + r) * groups;
-  }
+  const WeightRows<NR, S> block(a, n, row_bytes, groups);
+  const auto& [rows, scales, biases] = block;
   const std::size_t ahead = NR * row_bytes;
   const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   vf acc[NR][MR] = {};
   for (int g = 0; g < groups; ++g) {
     // The same bytes of the next block's rows: the hardware prefetcher alone left this loop
-    // waiting on memory (the 4-bit head from memory: 9 GB/s without, 14-18 with).
+    // waiting on memory.
     for (int r = 0; r < NR; ++r)
       _mm_prefetch(reinterpret_cast<const char*>(rows[r]) + ahead + g * gs / 2, _MM_HINT_T0);
     __m512 table[NR];
@@ -209,8 +213,8 @@ inline void quantized_rows(const QuantizedArgs& a, int n0, int n1, int m0) {
 #if defined(__AVX512F__) && LANES == 16
   if constexpr (BITS == 4) {
     // 4 weight rows by up to 4 rows of x: 16 accumulators, 8 unpacked chunks, 4 tables.
-    // One row of x (decoding) takes 6 weight rows a block: more rows in flight, and the loop
-    // read 17 GB/s from memory where 4 a block read 12.4.
+    // One row of x (decoding) takes 6 weight rows a block: more rows in flight read faster
+    // from memory than 4 (measured; 8 did no better).
     constexpr int NRL = MR == 1 ? 6 : 4;
     for (; n + NRL <= n1; n += NRL) quantized_block_lookup<MR, NRL, S>(a, n, m0);
     for (; n < n1; ++n) quantized_block_lookup<MR, 1, S>(a, n, m0);

@@ -45,7 +45,7 @@ struct Isa {
   const char* name;
   int lanes;  // fp32 lanes of one vector
   // half_gemv multiplies bf16 by bf16 in hardware (AVX512-BF16) when given x16: the products are
-  // exact in fp32, so only the order of accumulation differs, at twice the FMAs' rate.
+  // exact in fp32, so only the order of accumulation differs.
   bool bf16_dot;
   // The output rows [n0, n1) of a product with few rows of x (decoding).
   void (*quantized_gemv)(const QuantizedArgs&, int n0, int n1);

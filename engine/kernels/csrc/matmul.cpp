@@ -14,7 +14,6 @@ extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, i
 namespace exo_kernels {
 
 int gemv_max_rows = 96;
-int bf16_dot_max_rows = 96;
 int amx_min_rows = 16;
 
 namespace {
@@ -115,8 +114,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   // Many rows of bf16 x by 4-bit weights on AMX tiles: x in bf16 as it came, in the order of
-  // the nibbles. (With few rows the lookup GEMV is faster than bf16 dot products: a 4-bit
-  // 1.24B model decoded 15.6 tok/s against 13.5.)
+  // the nibbles. (With few rows the lookup GEMV decoded faster than bf16 dot products.)
   const uint16_t* x16 = nullptr;
   const bool tiles = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 &&
                      group_size % 64 == 0 && amx_enabled && rows >= amx_min_rows && n >= 32 &&
@@ -172,7 +170,7 @@ void run_half_matmul(const void* x_in, Scalar x_type, int rows, int k, const uin
   Scratch& s = scratch();
   // bf16 by bf16 in hardware reads x as it is; every other path takes it in fp32.
   const bool dot = isa.bf16_dot && x_type == Scalar::bf16 && w_type == Scalar::bf16;
-  const bool gemv = rows <= (dot ? bf16_dot_max_rows : gemv_max_rows);
+  const bool gemv = rows <= gemv_max_rows;
   if (dot && amx_enabled && rows >= amx_min_rows && k % 32 == 0 && n >= 32 && amx_available()) {
     const std::size_t out_count = static_cast<std::size_t>(rows) * n;
     float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);

@@ -19,8 +19,6 @@ void run_half_matmul(const void* x, Scalar x_type, int rows, int k, const uint16
 
 // Up to this many rows of x a product runs as GEMVs; past it, as BLAS on dequantized tiles.
 extern int gemv_max_rows;
-// The same for bf16 by bf16 where the CPU multiplies them in hardware.
-extern int bf16_dot_max_rows;
 // From this many rows of x, bf16 by bf16 runs on AMX tiles where the CPU has them.
 extern int amx_min_rows;
 
