@@ -3,10 +3,11 @@
 MLX's x86 CPU kernels for these products are scalar loops, so every mlx-community model (4-bit,
 8-bit, bf16) ran at a fraction of the memory speed here. `_kernels` is a C++ extension built at
 install with MLX's own extension support (csrc/, CMakeLists.txt): MLX primitives with `eval_cpu`,
-vectorised for AVX-512 and AVX2 (chosen from what the CPU reports at run time) with a portable
-build for every other CPU, multithreaded over output rows. Few rows of x (decoding) run as GEMVs
-on the packed weights; many rows (prefill) dequantize a tile at a time for BLAS. Weights stay in
-their stored format.
+vectorised for AVX-512 (with AVX512-BF16 and AMX where the CPU has them) and AVX2, chosen from
+what the CPU reports at run time, with a portable build for every other CPU, multithreaded over
+output rows. Few rows of x (decoding) run as GEMVs on the packed weights; many rows (prefill) on
+AMX tiles, or else a dequantized tile at a time through BLAS. Weights stay in their stored
+format.
 
 `engine.kernels.routing.install(model)` routes a loaded model's linears here when MLX computes on
 the CPU. `EXO_TUI_KERNELS=mlx` keeps MLX's own kernels. Where the extension is absent (no
