@@ -24,17 +24,23 @@ std::size_t amx_x_size(int rows, int k) {
 // Per tile of 16 rows of x and per 32 values of k, one 1 KiB block: row kk holds, for each of
 // the 16 rows m, the pair x[m][2kk], x[m][2kk+1] (the tiles' "VNNI" layout for B). Rows past
 // `rows` are zero.
-void amx_prepare_x(const uint16_t* x, int rows, int k, uint16_t* prepared) {
+void amx_prepare_x(const uint16_t* x, int rows, int k, uint16_t* prepared, bool nibble_order) {
   const int tiles = (rows + 31) / 32 * 2, steps = k / 32;
+  // Where position p of the prepared order comes from.
+  auto source = [nibble_order](int p) {
+    if (!nibble_order) return p;
+    const int j = p % 64;
+    return p - j + (j < 32 ? 2 * j : 2 * (j - 32) + 1);
+  };
   for (int t = 0; t < tiles; ++t)
     for (int s = 0; s < steps; ++s) {
       uint16_t* block = prepared + (static_cast<std::size_t>(t) * steps + s) * 512;
       for (int mm = 0; mm < 16; ++mm) {
         const int m = t * 16 + mm;
-        const uint16_t* row = x + static_cast<std::size_t>(m) * k + s * 32;
+        const uint16_t* row = x + static_cast<std::size_t>(m) * k;
         for (int kk = 0; kk < 16; ++kk) {
-          block[kk * 32 + 2 * mm] = m < rows ? row[2 * kk] : 0;
-          block[kk * 32 + 2 * mm + 1] = m < rows ? row[2 * kk + 1] : 0;
+          block[kk * 32 + 2 * mm] = m < rows ? row[source(s * 32 + 2 * kk)] : 0;
+          block[kk * 32 + 2 * mm + 1] = m < rows ? row[source(s * 32 + 2 * kk + 1)] : 0;
         }
       }
     }

@@ -26,7 +26,7 @@ constexpr std::size_t TILE_FLOATS = std::size_t{1} << 20;
 // Buffers kept per thread between calls, so a decoding step allocates nothing.
 struct Scratch {
   std::vector<float> x, prepared, sums, out, tile, bias;
-  std::vector<uint16_t> x16, tiles_x;
+  std::vector<uint16_t> tiles_x;
 };
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -89,11 +89,17 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const std::size_t x_count = static_cast<std::size_t>(rows) * k;
   const float* x = as_f32(isa, x_in, x_type, x_count, s.x);
   const int groups = k / group_size;
+  // Many rows of bf16 x by 4-bit weights on AMX tiles, 32 weight rows at a time. (With few rows
+  // the lookup GEMV decoded faster than bf16 dot products.)
+  const bool tiles = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 &&
+                     group_size % 64 == 0 && amx_enabled && rows >= amx_min_rows && n >= 32 &&
+                     amx_available();
+  const int tiled = tiles ? n - n % 32 : 0;
   // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
   // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
-  // order, so the dot products are unchanged.
+  // order, so the dot products are unchanged. Only the rows the tiles leave need it.
   const float* prepared = x;
-  if (bits == 4) {
+  if (bits == 4 && tiled < n) {
     float* p = sized(s.prepared, x_count);
     const int chunk = 2 * isa.lanes, half = isa.lanes;
     for (std::size_t base = 0; base < x_count; base += chunk)
@@ -113,31 +119,15 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
     }
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
-  // Many rows of bf16 x by 4-bit weights on AMX tiles: x in bf16 as it came, in the order of
-  // the nibbles. (With few rows the lookup GEMV decoded faster than bf16 dot products.)
-  const uint16_t* x16 = nullptr;
-  const bool tiles = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 &&
-                     group_size % 64 == 0 && amx_enabled && rows >= amx_min_rows && n >= 32 &&
-                     amx_available();
-  if (tiles) {
-    const uint16_t* in = static_cast<const uint16_t*>(x_in);
-    s.x16.resize(std::max(s.x16.size(), x_count));
-    uint16_t* p = s.x16.data();
-    for (std::size_t base = 0; base < x_count; base += 64)
-      for (int i = 0; i < 32; ++i) {
-        p[base + i] = in[base + 2 * i];
-        p[base + 32 + i] = in[base + 2 * i + 1];
-      }
-    x16 = p;
-  }
   QuantizedArgs args{prepared, sums, rows, k, n, w, scales, biases, scale_type, group_size, bits,
                      out32, n};
   if (tiles) {
-    // The tiles take the weight rows 32 at a time; the rest, and the biases' term, elsewhere.
-    const int tiled = n - n % 32, pairs = tiled / 32;
+    // x in bf16 as it came, in the nibbles' order; the rest of the rows, and the biases' term,
+    // elsewhere.
+    const int pairs = tiled / 32;
     s.tiles_x.resize(std::max(s.tiles_x.size(), amx_x_size(rows, k)));
     uint16_t* prepared16 = s.tiles_x.data();
-    amx_prepare_x(x16, rows, k, prepared16);
+    amx_prepare_x(static_cast<const uint16_t*>(x_in), rows, k, prepared16, true);
     const int parts = std::max(1, std::min(thread_count(), pairs));
     parallel_for(parts, [&](int part) {
       const auto [p0, p1] = share(pairs, parts, part, 1);
@@ -176,7 +166,7 @@ void run_half_matmul(const void* x_in, Scalar x_type, int rows, int k, const uin
     float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
     const uint16_t* x16 = static_cast<const uint16_t*>(x_in);
     s.tiles_x.resize(std::max(s.tiles_x.size(), amx_x_size(rows, k)));
-    amx_prepare_x(x16, rows, k, s.tiles_x.data());
+    amx_prepare_x(x16, rows, k, s.tiles_x.data(), false);
     const int tiled = n - n % 32, pairs = tiled / 32;
     const int parts = std::max(1, std::min(thread_count(), pairs));
     parallel_for(parts, [&](int part) {
