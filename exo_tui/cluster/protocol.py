@@ -39,9 +39,12 @@ from pydantic import Field, FiniteFloat, TypeAdapter, ValidationError, field_val
 from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, Frozen
 from exo_tui.cluster.state import NodeStats
+from exo_tui.untrusted import shown
 
 PROTOCOL_VERSION = 2  # 2: per-node downloads (FetchShard ...), partial models in cards
 MAX_FRAME_BYTES = 4 * 1024 * 1024
+# Until the handshake ends, frames come from anyone: an opening with a long name is under 1 KiB.
+MAX_HANDSHAKE_FRAME_BYTES = 8 * 1024
 HEADER = struct.Struct(">I")  # payload length in bytes; the payload is UTF-8 JSON
 
 Hex256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]  # 32 random bytes, or a SHA-256 HMAC
@@ -335,7 +338,8 @@ def _describe(error: ValidationError) -> str:
     problems: list[str] = []
     for problem in error.errors(include_url=False):
         where = ".".join(str(part) for part in problem["loc"])
-        problems.append(f"{where}: {problem['msg']}" if where else problem["msg"])
+        said = f"{where}: {problem['msg']}" if where else problem["msg"]
+        problems.append(shown(said))  # field names and tags may be the peer's own text
     more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
     return "; ".join(problems[:3]) + more
 
@@ -348,6 +352,7 @@ class FrameStream(anyio.abc.AsyncResource):
         self._buffer = bytearray()
         self._send_lock = anyio.Lock()
         self._closed = False
+        self.max_frame_bytes = MAX_FRAME_BYTES  # the handshake lowers it while it runs
 
     async def send(self, frame: Frame) -> None:
         data = encode(frame)
@@ -363,8 +368,10 @@ class FrameStream(anyio.abc.AsyncResource):
     async def receive_payload(self) -> bytes:
         """The next frame's payload, undecoded: its length is checked, nothing else."""
         (length,) = HEADER.unpack(await self._read_exactly(HEADER.size, between_frames=True))
-        if length > MAX_FRAME_BYTES:
-            raise ProtocolError(f"frame of {length} bytes is over the {MAX_FRAME_BYTES}-byte limit")
+        if length > self.max_frame_bytes:
+            limit = self.max_frame_bytes
+            during = " during the handshake" if limit < MAX_FRAME_BYTES else ""
+            raise ProtocolError(f"frame of {length} bytes is over the {limit}-byte limit{during}")
         return await self._read_exactly(length)
 
     async def _read_exactly(self, count: int, *, between_frames: bool = False) -> bytes:
@@ -511,10 +518,15 @@ class _Side:
     waiting_for: str
     peer: PeerInfo | None = None
 
+    def __post_init__(self) -> None:
+        self.frames.max_frame_bytes = MAX_HANDSHAKE_FRAME_BYTES
+
     async def run(self, steps: Callable[[], Awaitable[PeerInfo]], timeout_s: float) -> PeerInfo:
         try:
             with anyio.fail_after(timeout_s):
-                return await steps()
+                peer = await steps()
+            self.frames.max_frame_bytes = MAX_FRAME_BYTES  # session frames may be big
+            return peer
         except TimeoutError:
             await anyio.aclose_forcefully(self.frames)
             raise HandshakeRefused(

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from exo_tui.cluster.protocol import (
     HEADER,
     MAX_FRAME_BYTES,
+    MAX_HANDSHAKE_FRAME_BYTES,
     PROTOCOL_VERSION,
     Challenge,
     FetchDone,
@@ -404,6 +405,29 @@ async def test_a_handshake_gives_each_side_the_other_and_opens_a_session() -> No
         await server.send(StatsFrame(stats=STATS))
         assert await server.receive() == Heartbeat(sent_at=2.0)
         assert await client.receive() == StatsFrame(stats=STATS)
+
+
+async def test_a_big_opening_is_refused_from_its_header_before_its_body_is_read() -> None:
+    async with tcp_pair() as (client, server):
+        # Only the header of a 4 MiB Hello is sent: waiting for its body would time out.
+        await client.send(HEADER.pack(4 * 1024 * 1024 - 16))
+        with anyio.fail_after(5), pytest.raises(ProtocolError, match="during the handshake"):
+            await handshake_server(FrameStream(server), KEY, *as_args(STUDIO))
+
+
+async def test_an_opening_with_a_long_name_fits_and_session_frames_may_be_big_again() -> None:
+    long_named = PeerInfo(node_id="n-" + "9" * 62, name="n" * 255, fingerprint=fingerprint(KEY))
+    opening = Hello(version=PROTOCOL_VERSION, nonce=NONCE, **long_named.model_dump())
+    assert len(encode(opening)) < MAX_HANDSHAKE_FRAME_BYTES // 4
+    async with tcp_pair() as (client_stream, server_stream):
+        client, server = FrameStream(client_stream), FrameStream(server_stream)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(lambda: handshake_server(server, KEY, *as_args(STUDIO)))
+            await handshake_client(client, KEY, *as_args(long_named))
+        big = Goodbye(reason="x" * (MAX_HANDSHAKE_FRAME_BYTES * 16))
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(client.send, big)
+            assert await server.receive() == big
 
 
 async def test_a_wrong_key_is_refused_on_both_sides_as_foreign() -> None:
