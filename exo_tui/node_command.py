@@ -17,6 +17,11 @@ import anyio
 from exo_tui.cluster.node import ClusterSetup, Foreign, NodeOptions, machine_node
 from exo_tui.cluster.state import ClusterEvent, NodeLost, StatsUpdated
 from exo_tui.store.identity import ClusterKey, NodeIdentity
+from exo_tui.untrusted import NAME_LIMIT, shown
+
+# Refusals said per address: a peer may vary its name (and so the reason) with every attempt.
+REFUSALS_PER_HOST = 3
+HOSTS_REMEMBERED = 1024
 
 
 class EventPrinter:
@@ -25,7 +30,8 @@ class EventPrinter:
     def __init__(self, as_json: bool) -> None:
         self.as_json = as_json
         self.online: set[str] = set()
-        self.refused: set[tuple[str, str]] = set()  # report each refusal once, not every redial
+        # Each refusal once, not at every redial; a few per address, for a bounded number of them.
+        self.refused: dict[str, set[str]] = {}
 
     def event(self, event: ClusterEvent) -> None:
         match event:
@@ -35,7 +41,8 @@ class EventPrinter:
                 if self.as_json:
                     self._json({"type": "peer_stats", "joined": joined, **stats.model_dump()})
                 elif joined:
-                    self._text(f"peer {stats.name} ({stats.node_id}) joined")
+                    name, node_id = shown(stats.name, NAME_LIMIT), shown(stats.node_id, NAME_LIMIT)
+                    self._text(f"peer {name} ({node_id}) joined")
             case NodeLost(node_id=node_id, reason=reason):
                 self.online.discard(node_id)
                 if self.as_json:
@@ -46,10 +53,17 @@ class EventPrinter:
                 pass
 
     def foreign(self, foreign: Foreign) -> None:
-        host = foreign.address.rsplit(":", 1)[0] if foreign.peer is None else foreign.peer.node_id
-        if (host, foreign.reason) in self.refused:
+        """Say a refusal (its texts are escaped and capped already: see Foreign.of)."""
+        host = foreign.address.rsplit(":", 1)[0]
+        if host not in self.refused and len(self.refused) >= HOSTS_REMEMBERED:
             return
-        self.refused.add((host, foreign.reason))
+        said = self.refused.setdefault(host, set())
+        if foreign.reason in said or len(said) > REFUSALS_PER_HOST:
+            return
+        said.add(foreign.reason)
+        if len(said) > REFUSALS_PER_HOST:
+            self._text(f"more refusals of {host} are not logged")
+            return
         peer = foreign.peer.model_dump() if foreign.peer else None
         if self.as_json:
             self._json({"type": "foreign", "address": foreign.address, "reason": foreign.reason,

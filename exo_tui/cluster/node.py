@@ -25,7 +25,10 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
+from exo_tui.cluster import accepting
+from exo_tui.cluster.admission import Admission
 from exo_tui.cluster.coordinator import Coordinator
+from exo_tui.cluster.descriptors import raise_file_limit
 from exo_tui.cluster.discovery import Advert, Discovery, PeerFound, PeerRemoved
 from exo_tui.cluster.hosting import RankHost
 from exo_tui.cluster.protocol import (
@@ -45,6 +48,7 @@ from exo_tui.cluster.protocol import (
 )
 from exo_tui.cluster.state import ClusterEvent, NodeLost, NodeStats, StatsUpdated
 from exo_tui.store.identity import ClusterKey, NodeIdentity
+from exo_tui.untrusted import NAME_LIMIT, REASON_LIMIT, shown
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +70,17 @@ class Foreign:
     address: str
     reason: str
     peer: PeerInfo | None = None
+
+    @classmethod
+    def of(cls, address: str, reason: str, peer: PeerInfo | None) -> Foreign:
+        """A Foreign with every text escaped and capped: all of it came from the peer."""
+        if peer is not None:
+            peer = PeerInfo(
+                node_id=shown(peer.node_id, NAME_LIMIT),
+                name=shown(peer.name, NAME_LIMIT),
+                fingerprint=shown(peer.fingerprint, NAME_LIMIT),
+            )
+        return cls(address=shown(address), reason=shown(reason, REASON_LIMIT), peer=peer)
 
 
 @dataclass
@@ -132,6 +147,7 @@ class Node:
         self._on_foreign: Callable[[Foreign], None] = on_foreign or _ignore
         self._sessions: dict[str, _Session] = {}
         self._dialing: set[tuple[str, int]] = set()
+        self._admission = Admission()
         self.port = self.options.port
         self.models_dirs = models_dirs
         self.include_bundled = include_bundled
@@ -148,6 +164,7 @@ class Node:
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Serve until cancelled; `task_status.started(port)` once the control port listens."""
+        raise_file_limit()
         listener = await anyio.create_tcp_listener(
             local_host=self.options.bind, local_port=self.options.port, reuse_port=False
         )
@@ -162,7 +179,7 @@ class Node:
                 on_store_changed=self._on_store_changed,
             )
             self.coordinator.tasks = tasks
-            tasks.start_soon(listener.serve, self._accept)
+            tasks.start_soon(accepting.serve, listener, self._accept)
             for text in self.options.peers:
                 tasks.start_soon(self._dial_forever, *parse_peer(text))
             if self.options.mdns:
@@ -178,9 +195,13 @@ class Node:
 
     async def _accept(self, stream: anyio.abc.SocketStream) -> None:
         frames = FrameStream(stream)
-        peer = await self._handshake(frames, handshake_server, _remote(stream))
-        if peer is not None:
-            await self._session(frames, peer, peer.node_id, *_hosts(stream))
+        peer: PeerInfo | None = None
+        with self._admission.place(_hosts(stream)[0]):  # a newer connection may displace it
+            peer = await self._handshake(frames, handshake_server, _remote(stream))
+        if peer is None:
+            await anyio.aclose_forcefully(frames)
+            return
+        await self._session(frames, peer, peer.node_id, *_hosts(stream))
 
     async def _dial_forever(self, host: str, port: int) -> None:
         """Keep a session with the peer at host:port, redialing with a growing pause."""
@@ -221,9 +242,9 @@ class Node:
                 self.key.fingerprint,
             )
         except HandshakeRefused as refused:
-            self._on_foreign(Foreign(address=address, reason=refused.reason, peer=refused.peer))
+            self._on_foreign(Foreign.of(address, refused.reason, refused.peer))
         except (ProtocolError, OSError, anyio.EndOfStream, anyio.IncompleteRead) as error:
-            log.warning("handshake with %s failed: %s", address, error)
+            log.warning("handshake with %s failed: %s", address, shown(str(error), REASON_LIMIT))
         await frames.aclose()
         return None
 
@@ -251,7 +272,7 @@ class Node:
             peer = PeerInfo(
                 node_id=advert.node_id, name=advert.name, fingerprint=advert.fingerprint
             )
-            self._on_foreign(Foreign(address=_first(advert), reason=reason, peer=peer))
+            self._on_foreign(Foreign.of(_first(advert), reason, peer))
             return
         # Both ends see each other; only the smaller id dials, so there is one connection.
         if advert.node_id <= self.identity.node_id or not advert.addresses:
@@ -313,7 +334,7 @@ class Node:
         try:
             await session.frames.send(frame)
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as error:
-            log.warning("could not send to %s: %s", session.peer.name, error)
+            log.warning("could not send to %s: %s", shown(session.peer.name, NAME_LIMIT), error)
 
     def _deliver(self, sender: str, frame: Frame) -> bool:
         """Hand an instance frame from `sender` to this node's host (commands) or coordinator
@@ -364,7 +385,7 @@ class Node:
                 try:
                     frame = await frames.receive()
                 except ProtocolError as error:
-                    log.warning("bad frame from %s: %s", peer.name, error)
+                    log.warning("bad frame from %s: %s", shown(peer.name, NAME_LIMIT), error)
                     return f"sent a malformed frame ({error})"
                 except ConnectionResetError:
                     return "reset the connection"
@@ -382,7 +403,9 @@ class Node:
                             return None
                         return f"left ({reason})" if reason else "left"
                     case _:
-                        log.warning("unexpected %s frame from %s", frame.type, peer.name)
+                        log.warning(
+                            "unexpected %s frame from %s", frame.type, shown(peer.name, NAME_LIMIT)
+                        )
                         return f"sent an unexpected {frame.type} frame"
                 continue
             return f"sent nothing for {SILENCE_S:g} s"
