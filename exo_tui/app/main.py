@@ -34,7 +34,9 @@ from engine.loading import LoadedModel
 from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, TextChunk
 from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
+from exo_tui.app.failures import cluster_failure
 from exo_tui.app.keymap import KeymapError, load_keymap
+from exo_tui.app.notices import NoticeRate
 from exo_tui.app.pacing import RedrawPacer, thread_cpu_clock
 from exo_tui.app.screens.chats import ChatsScreen
 from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
@@ -87,6 +89,7 @@ ATTACH_POLL_S = 0.005  # how often a finished answer looks whether it is on scre
 # while the screen redraws it waited up to 5 ms each time: tok/s through the app against
 # headless, 8 paired rounds on 2 cores: 0.89x at 5 ms, 0.96x at 1 ms, 0.96x at 0.2 ms.
 GIL_SWITCH_INTERVAL_S = 0.001
+REFUSAL_NOTICE_EVERY_S = 10.0  # refused peers are all listed; pop-ups about them, no oftener
 SYSTEM_PROMPT = "You are exo-tui's assistant. Use the tools when they help; answer briefly."
 
 
@@ -142,7 +145,8 @@ class ExoTuiApp(App[None]):
         super().__init__()
         self._catalogue = tuple(catalogue) if catalogue is not None else load_catalogue()
         self._cluster = cluster
-        self._refused: set[str] = set()
+        self._refused: set[str] = set()  # addresses refused so far
+        self._refusal_notices = NoticeRate(REFUSAL_NOTICE_EVERY_S)
         self._node: Node | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.cluster_card: ModelCard | None = None  # the model running across nodes, if any
@@ -231,19 +235,29 @@ class ExoTuiApp(App[None]):
             )
         except Exception as error:  # mDNS or the network failing must not take the app down
             self.notify(
-                f"The cluster is off: {type(error).__name__}: {error}. This machine still works "
-                "alone; --no-mdns with --peer HOST:PORT avoids multicast.",
+                f"The cluster is off: {cluster_failure(error)}. This machine still works alone.",
                 severity="error",
                 timeout=15,
+                markup=False,
             )
 
     def _foreign(self, foreign: Foreign) -> None:
-        """A refused peer is listed as foreign in the nodes panel (and said once)."""
+        """A refused peer is listed as foreign in the nodes panel, once per address with a
+        count; a new address is said in a notice, as often as the notices' rate allows (its
+        texts are the peer's, escaped and capped by Foreign.of, and never read as markup)."""
         peer = foreign.peer
-        name = peer.name if peer else foreign.address.rsplit(":", 1)[0]
-        if name not in self._refused:
-            self._refused.add(name)
-            self.notify(f"Refused {name} ({foreign.address}): {foreign.reason}", severity="warning")
+        host = foreign.address.rsplit(":", 1)[0]
+        name = peer.name if peer else host
+        if host not in self._refused:
+            self._refused.add(host)
+            held = self._refusal_notices.allow()
+            if held is not None:
+                more = f" ({held} more refused since the last notice)" if held else ""
+                self.notify(
+                    f"Refused {name} ({foreign.address}): {foreign.reason}{more}",
+                    severity="warning",
+                    markup=False,
+                )
         shown = ForeignNode(
             name=name,
             address=foreign.address,

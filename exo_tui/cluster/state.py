@@ -135,6 +135,12 @@ class ForeignNode(Frozen):
     address: str
     fingerprint: str = ""
     reason: str = Field(min_length=1)
+    count: int = Field(default=1, ge=1)  # refusals of this address so far
+
+    @property
+    def host(self) -> str:
+        """The address without its port: a peer dials from a new port every time."""
+        return self.address.rsplit(":", 1)[0]
 
 
 InstanceStatus = Literal["placed", "loading", "ready", "generating", "failed"]
@@ -307,8 +313,14 @@ class InstanceCleared(Frozen):
     type: Literal["instance_cleared"] = "instance_cleared"
 
 
+# The addresses listed as foreign, the most recent first kept: a flood from many addresses
+# must not grow the state without end.
+FOREIGN_LISTED = 32
+
+
 class ForeignSeen(Frozen):
-    """A peer was refused; it is listed (once per name) as foreign."""
+    """A peer was refused; it is listed as foreign, once per address with a count (it may claim
+    another name at every attempt), showing what it said last."""
 
     type: Literal["foreign_seen"] = "foreign_seen"
     foreign: ForeignNode
@@ -369,8 +381,7 @@ def apply(state: ClusterState, event: ClusterEvent) -> ClusterState:
         case InstanceCleared():
             return _with(state, instance=None)
         case ForeignSeen(foreign=foreign):
-            others = tuple(f for f in state.foreign if f.name != foreign.name)
-            return _with(state, foreign=(*others, foreign))
+            return _with(state, foreign=_refused(state.foreign, foreign))
 
 
 def apply_all(state: ClusterState, events: Iterable[ClusterEvent]) -> ClusterState:
@@ -397,6 +408,14 @@ def _replace_node(state: ClusterState, view: NodeView) -> ClusterState:
     else:
         nodes = tuple(view if n.node_id == view.node_id else n for n in state.nodes)
     return _with(state, nodes=nodes)
+
+
+def _refused(listed: tuple[ForeignNode, ...], foreign: ForeignNode) -> tuple[ForeignNode, ...]:
+    before = next((f for f in listed if f.host == foreign.host), None)
+    if before is not None:
+        foreign = foreign.model_copy(update={"count": before.count + foreign.count})
+    others = tuple(f for f in listed if f.host != foreign.host)
+    return (*others, foreign)[-FOREIGN_LISTED:]
 
 
 def _seen(state: ClusterState, stats: NodeStats, at: float) -> ClusterState:

@@ -12,6 +12,7 @@ from pydantic import TypeAdapter, ValidationError
 from engine.types import ModelCard
 from exo_tui.cluster.placement import Placement, Shard, place
 from exo_tui.cluster.state import (
+    FOREIGN_LISTED,
     ClusterEvent,
     ClusterState,
     ForeignNode,
@@ -408,7 +409,25 @@ def test_any_sequence_of_events_keeps_the_invariants(sequence: list[ClusterEvent
 def test_foreign_peers_are_listed_once_each_and_cleared_when_they_join() -> None:
     refused = ForeignNode(name="host-x", address="10.0.0.9:52525", fingerprint="ab", reason="key")
     state = apply_all(cluster("a"), [ForeignSeen(foreign=refused), ForeignSeen(foreign=refused)])
-    assert state.foreign == (refused,)
+    assert state.foreign == (refused.model_copy(update={"count": 2}),)
     assert [n.node_id for n in state.online_nodes] == ["a"]  # never a node, never placed on
     state = apply(state, NodeSeen(stats=stats("x"), at=2.0))  # given the key, it joins
     assert state.foreign == ()
+
+
+def test_an_address_claiming_a_new_name_each_time_is_one_entry_with_a_count() -> None:
+    fakes = [
+        ForeignNode(name=f"fake-{n}", address=f"10.0.0.66:{40000 + n}", reason=f"version {n}")
+        for n in range(300)
+    ]
+    state = apply_all(cluster("a"), [ForeignSeen(foreign=f) for f in fakes])
+    (entry,) = state.foreign
+    assert (entry.count, entry.name, entry.host) == (300, "fake-299", "10.0.0.66")
+
+
+def test_a_flood_from_many_addresses_keeps_only_the_latest_listed() -> None:
+    fakes = [ForeignNode(name="fake", address=f"10.1.{n // 250}.{n % 250}:1", reason="key")
+             for n in range(1000)]  # fmt: skip
+    state = apply_all(cluster("a"), [ForeignSeen(foreign=f) for f in fakes])
+    assert len(state.foreign) == FOREIGN_LISTED
+    assert state.foreign[-1].host == fakes[-1].host

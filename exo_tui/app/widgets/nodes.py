@@ -123,7 +123,12 @@ class NodesPanel(VerticalScroll):
         if state.foreign:
             lines = Text("\n").join(
                 Text.assemble(
-                    ("⊘ ", "red"), (f.name, "bold"), f"  refused: {f.reason}", style="dim"
+                    ("⊘ ", "red"),
+                    (f.name, "bold"),
+                    f" {f.host}" if f.name != f.host else "",
+                    f" ×{f.count}" if f.count > 1 else "",
+                    f"  refused: {f.reason}",
+                    style="dim",
                 )
                 for f in state.foreign
             )

@@ -1,0 +1,31 @@
+"""Notices that may come in floods (a peer refused at every attempt) are limited in rate.
+
+A few lines of our own: no rate-limiting library is among the project's dependencies, and one
+interval with a count of what it held back is all a pop-up needs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class NoticeRate:
+    """At most one notice every `every_s` seconds; the next one allowed says how many it held."""
+
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self._clock = clock
+        self._last: float | None = None
+        self.held_back = 0
+
+    def allow(self) -> int | None:
+        """None when a notice now would be too soon (it is counted); else how many were held
+        back since the last one allowed."""
+        now = self._clock()
+        if self._last is not None and now - self._last < self.every_s:
+            self.held_back += 1
+            return None
+        self._last = now
+        held, self.held_back = self.held_back, 0
+        return held
