@@ -26,6 +26,7 @@ from zeroconf import IPVersion, ServiceStateChange, Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
 from engine.types import Frozen
+from exo_tui.untrusted import REASON_LIMIT, shown
 
 SERVICE_TYPE = "_exo-tui._tcp.local."
 RESOLVE_TIMEOUT_MS = 3000
@@ -217,16 +218,16 @@ class Discovery:
         assert self._zeroconf is not None
         info = AsyncServiceInfo(SERVICE_TYPE, name)
         if not await info.async_request(self._zeroconf.zeroconf, RESOLVE_TIMEOUT_MS):
-            log.warning("mDNS: %s did not resolve within %d ms", name, RESOLVE_TIMEOUT_MS)
+            log.warning("mDNS: %s did not resolve within %d ms", shown(name), RESOLVE_TIMEOUT_MS)
             return
         try:
             advert = advert_from_info(info, self.advert.version)
         except ValueError as error:
-            log.warning("mDNS: ignoring %s: %s", name, error)
+            log.warning("mDNS: ignoring %s: %s", shown(name), shown(str(error), REASON_LIMIT))
             self._forget(name)  # it may have been valid before this update
             return
         if advert.node_id == self.advert.node_id:
-            log.warning("mDNS: ignoring %s: it claims our own node id", name)
+            log.warning("mDNS: ignoring %s: it claims our own node id", shown(name))
             return
         if self._found.get(name) == advert:
             return  # a record came again, or one that is not in the advert (an IPv6 address)

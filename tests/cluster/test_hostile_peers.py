@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import resource
 import secrets
@@ -20,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import psutil
 import pytest
 
@@ -221,3 +223,31 @@ def test_peer_names_are_escaped_and_capped_in_json_events(start: StartNode) -> N
         assert all(isinstance(t, str) and t.isprintable() for t in texts), event
         assert len(json.dumps(event)) < 2000
     assert a.process.poll() is None
+
+
+@pytest.mark.anyio
+async def test_an_advert_named_to_forge_log_lines_is_logged_escaped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from zeroconf.asyncio import AsyncZeroconf
+
+    from exo_tui.cluster.discovery import Advert, Discovery
+    from tests.cluster.raw_adverts import GOOD, raw_info, register
+
+    caplog.set_level(logging.WARNING, logger="exo_tui.cluster.discovery")
+    run = secrets.token_hex(4)
+    label = f"evil-{run}\u202e\u2028refused 10.0.0.9"  # zeroconf itself refuses ASCII controls
+    watcher = Advert(node_id=f"w-{run}", name="w", version=1, port=7000, fingerprint="fw")
+    async with (
+        AsyncZeroconf(interfaces=["127.0.0.1"]) as raw,
+        Discovery(watcher, interfaces=["127.0.0.1"]) as discovery,
+    ):
+        await register(raw, raw_info(label, {**GOOD, "id": run, "v": "\x1b[31m\n9"}, "127.0.0.1"))
+        events = discovery.events()
+        with anyio.move_on_after(5):
+            while f"evil-{run}" not in caplog.text:
+                await anyio.sleep(0.05)
+        del events
+    ours = [r.getMessage() for r in caplog.records if f"evil-{run}" in r.getMessage()]
+    assert ours, caplog.text
+    assert all(line.isprintable() for line in ours), ours
