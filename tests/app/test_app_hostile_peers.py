@@ -1,11 +1,14 @@
-"""The app as a node under fake handshakes: refusals are listed once per address with a count,
-notices are limited in rate, and what peers claim is shown escaped."""
+"""The app as a node under hostile peers: a connection flood leaves its cluster on and a real
+peer still joins; fake handshakes are listed once per address with a count, notices are limited
+in rate, and what peers claim is shown escaped."""
 
 from __future__ import annotations
 
 import json
+import resource
 import secrets
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -18,11 +21,12 @@ from exo_tui.cluster.node import ClusterSetup, NodeOptions
 from exo_tui.cluster.protocol import HEADER, PROTOCOL_VERSION
 from exo_tui.store.identity import ClusterKey, load_node_identity
 from tests.app.helpers import fixed_stats, wait_until
-from tests.cluster.node_process import KEY
+from tests.cluster.node_process import KEY, StartNode
 
 pytestmark = pytest.mark.anyio
 
 FAKES = 300
+FLOOD = 2100
 
 
 def fake_hello(name: str) -> bytes:
@@ -74,4 +78,54 @@ async def test_fake_handshakes_make_one_entry_per_address_and_few_notices(tmp_pa
         shown = str(app.query_one("#foreign", Static).content)
         assert f"×{FAKES}" in shown and "\x1b" not in shown
         assert "1 foreign" in str(app.query_one("#nodes").border_subtitle)
+        assert app.is_running
+
+
+@pytest.fixture
+def room_for_a_flood() -> Iterator[None]:
+    """The app and the flood share this process: both ends of every connection count."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = FLOOD + 1024
+    if before[1] != resource.RLIM_INFINITY and before[1] < wanted:
+        pytest.skip(f"the hard file limit here is {before[1]}: too low to hold {FLOOD} sockets")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(wanted, before[0]), before[1]))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+def flood(port: int, count: int) -> list[socket.socket]:
+    held: list[socket.socket] = []
+    try:
+        for number in range(count):
+            raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(raw)
+            raw.bind((f"127.0.3.{1 + number % 50}", 0))
+            raw.settimeout(5)
+            raw.connect(("127.0.0.1", port))
+    except BaseException:
+        for raw in held:
+            raw.close()
+        raise
+    return held
+
+
+@pytest.mark.usefixtures("room_for_a_flood")
+async def test_a_connection_flood_leaves_the_cluster_on_and_a_real_peer_joins(
+    tmp_path: Path, start: StartNode
+) -> None:
+    app = app_alone(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app._node is not None and app._node.port != 0)
+        assert app._node is not None
+        port = app._node.port
+        held = await anyio.to_thread.run_sync(flood, port, FLOOD)
+        try:
+            peer = start("peer", "--peer", f"127.0.0.1:{port}")
+            await wait_until(pilot, lambda: len(app.state.online_nodes) == 2, timeout=20)
+            assert app.state.online_nodes[1].node_id == peer.node_id
+        finally:
+            for raw in held:
+                raw.close()
+        off = [n for n in app._notifications if "cluster is off" in n.message]
+        assert not off, off[0].message
         assert app.is_running
