@@ -90,6 +90,7 @@ ATTACH_POLL_S = 0.005  # how often a finished answer looks whether it is on scre
 # headless, 8 paired rounds on 2 cores: 0.89x at 5 ms, 0.96x at 1 ms, 0.96x at 0.2 ms.
 GIL_SWITCH_INTERVAL_S = 0.001
 REFUSAL_NOTICE_EVERY_S = 10.0  # refused peers are all listed; pop-ups about them, no oftener
+REFUSED_REMEMBERED = 1024  # addresses already said in a notice
 SYSTEM_PROMPT = "You are exo-tui's assistant. Use the tools when they help; answer briefly."
 
 
@@ -249,6 +250,8 @@ class ExoTuiApp(App[None]):
         host = foreign.address.rsplit(":", 1)[0]
         name = peer.name if peer else host
         if host not in self._refused:
+            if len(self._refused) >= REFUSED_REMEMBERED:
+                self._refused.clear()  # a flood from many addresses must not grow it forever
             self._refused.add(host)
             held = self._refusal_notices.allow()
             if held is not None:
