@@ -36,7 +36,6 @@ from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.failures import cluster_failure
 from exo_tui.app.keymap import KeymapError, load_keymap
-from exo_tui.app.notices import NoticeRate
 from exo_tui.app.pacing import RedrawPacer, thread_cpu_clock
 from exo_tui.app.screens.chats import ChatsScreen
 from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
@@ -76,6 +75,7 @@ from exo_tui.cluster.state import (
     apply,
 )
 from exo_tui.conversation import GenerateFn, TurnEvent, chat_turn
+from exo_tui.rate import NoticeRate
 from exo_tui.store.chats import ChatStore, ChatSummary, open_chat_store
 from exo_tui.store.paths import config_dir, data_dir
 from exo_tui.tools import builtin_registry

@@ -47,6 +47,7 @@ from exo_tui.cluster.protocol import (
     handshake_server,
 )
 from exo_tui.cluster.state import ClusterEvent, NodeLost, NodeStats, StatsUpdated
+from exo_tui.rate import RatePerKey
 from exo_tui.store.identity import ClusterKey, NodeIdentity
 from exo_tui.untrusted import NAME_LIMIT, REASON_LIMIT, shown
 
@@ -58,6 +59,7 @@ STATS_INTERVAL_S = 1.0
 SILENCE_S = 3.0
 CONNECT_TIMEOUT_S = 3.0
 REDIAL_S = (0.5, 1.0, 2.0, 4.0)
+FAILURE_LOG_EVERY_S = 60.0  # one line per address about failed handshakes, no oftener
 
 
 Handshake = Callable[[FrameStream, bytes, str, str, str], Awaitable[PeerInfo]]
@@ -148,6 +150,7 @@ class Node:
         self._sessions: dict[str, _Session] = {}
         self._dialing: set[tuple[str, int]] = set()
         self._admission = Admission()
+        self._failure_log = RatePerKey(FAILURE_LOG_EVERY_S)
         self.port = self.options.port
         self.models_dirs = models_dirs
         self.include_bundled = include_bundled
@@ -244,7 +247,12 @@ class Node:
         except HandshakeRefused as refused:
             self._on_foreign(Foreign.of(address, refused.reason, refused.peer))
         except (ProtocolError, OSError, anyio.EndOfStream, anyio.IncompleteRead) as error:
-            log.warning("handshake with %s failed: %s", address, shown(str(error), REASON_LIMIT))
+            held = self._failure_log.allow(address.rsplit(":", 1)[0])
+            if held is not None:  # a flood of bad connections is not a flood of log lines
+                more = f" ({held} more from there since the last said)" if held else ""
+                log.warning(
+                    "handshake with %s failed: %s%s", address, shown(str(error), REASON_LIMIT), more
+                )
         await frames.aclose()
         return None
 

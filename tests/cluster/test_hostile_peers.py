@@ -80,6 +80,11 @@ def hello(name: str, version: int = PROTOCOL_VERSION) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
+def frame_of(said: object) -> bytes:
+    payload = json.dumps(said).encode()
+    return HEADER.pack(len(payload)) + payload
+
+
 def say(port: int, data: bytes, source: str = "127.0.0.1") -> None:
     """Send `data` to the node and read until it hangs up (it answers, then closes)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as raw:
@@ -251,3 +256,19 @@ async def test_an_advert_named_to_forge_log_lines_is_logged_escaped(
     ours = [r.getMessage() for r in caplog.records if f"evil-{run}" in r.getMessage()]
     assert ours, caplog.text
     assert all(line.isprintable() for line in ours), ours
+
+
+def test_a_flood_of_bad_openings_from_one_address_is_a_few_log_lines(
+    text_node: tuple[subprocess.Popen[str], int, list[str]],
+) -> None:
+    process, port, lines = text_node
+    for number in range(50):
+        say(port, frame_of({"x": number}), source="127.0.5.1")
+    say(port, frame_of({"x": 50}), source="127.0.5.2")  # another address is said
+    deadline = time.monotonic() + 10
+    while not any("127.0.5.2" in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    failed = [line for line in lines if "handshake with 127.0.5.1" in line]
+    assert 1 <= len(failed) <= 2, failed
+    assert any("127.0.5.2" in line for line in lines)
+    assert process.poll() is None
