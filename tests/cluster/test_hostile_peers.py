@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import resource
 import secrets
 import socket
@@ -19,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
@@ -272,3 +274,53 @@ def test_a_flood_of_bad_openings_from_one_address_is_a_few_log_lines(
     assert 1 <= len(failed) <= 2, failed
     assert any("127.0.5.2" in line for line in lines)
     assert process.poll() is None
+
+
+# ------------------------------------------------------------------ all of it, mixed
+
+ODD = ["\x1b[2J", "\n", "\r", "\u202e", "\u2028", "\x07", "\x00", "a", "é", "[b]"]
+
+
+def odd_text(rng: random.Random, size: int) -> str:
+    return "".join(rng.choice(ODD) for _ in range(size))
+
+
+def hostile_openings(rng: random.Random, fingerprint: str) -> dict[str, bytes]:
+    """One opening of each kind a hostile peer might send, for this draw of `rng`."""
+    name = odd_text(rng, rng.randint(1, 2000))
+    wrong_proof = frame_of({
+        "type": "hello", "version": PROTOCOL_VERSION, "node_id": "n-x", "name": odd_text(rng, 30),
+        "fingerprint": fingerprint, "nonce": secrets.token_hex(32),
+    }) + frame_of({"type": "proof", "proof": "0" * 64})  # fmt: skip
+    return {
+        "random bytes": rng.randbytes(rng.randint(1, 65536)),
+        "a header over the limit": HEADER.pack(rng.randint(8193, 2**32 - 1)) + b"x" * 100,
+        "a hello with an odd name": hello(name),
+        "a hello of another version": hello(name, version=rng.randint(3, 10**6)),
+        "a hello with an odd field": frame_of({"type": "hello", odd_text(rng, 30): 1}),
+        "an unknown frame type": frame_of({"type": odd_text(rng, 50)}),
+        "a session frame first": frame_of({"type": "stats", "stats": {}}),
+        "deeply nested JSON": HEADER.pack(8000) + b"[" * 8000,
+        "a wrong proof": wrong_proof,
+    }
+
+
+def test_a_mix_of_hostile_openings_leaves_the_node_serving_and_its_events_clean(
+    start: StartNode,
+) -> None:
+    a = start("a")
+    rng = random.Random(16)
+    attempts = [
+        (f"127.0.{6 + i % 4}.{1 + i % 200}", opening)
+        for i in range(40)
+        for opening in hostile_openings(rng, a.fingerprint).values()
+    ]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda attempt: say(a.port, attempt[1], source=attempt[0]), attempts))
+    assert a.process.poll() is None
+    b = start("b", "--peer", a.address)
+    a.sees(b)
+    for event in (x for x in a.lines.lines if _is(x, "foreign")):
+        texts = [event["reason"], event["address"], *(event["peer"] or {}).values()]
+        assert all(isinstance(t, str) and t.isprintable() for t in texts), event
+        assert len(json.dumps(event)) < 2000
