@@ -79,13 +79,13 @@ def climb_to(target: Path, start: Path) -> str:
     return os.path.relpath(target, start)
 
 
-def tree_outside(root: Path, inside: Path) -> dict[str, str]:
-    """Every file and link under `root` but not under `inside`, with a digest of what it holds:
-    compared before and after, it shows whatever was written outside `inside`."""
+def tree_outside(root: Path, *inside: Path) -> dict[str, str]:
+    """Every file and link under `root` but not under the `inside` folders, with a digest of
+    what it holds: compared before and after, it shows whatever was written outside them."""
     found: dict[str, str] = {}
     for folder, dirs, files in os.walk(root, followlinks=False):
         here = Path(folder)
-        if here == inside or inside in here.parents:
+        if any(here == i or i in here.parents for i in inside):
             dirs.clear()
             continue
         for name in files + [d for d in dirs if (here / d).is_symlink()]:
