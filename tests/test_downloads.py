@@ -292,3 +292,17 @@ def hub_cache_parent() -> Path:
 def test_index_fixture_is_sharded_as_the_tests_assume(tiny_sharded: Path) -> None:
     index = json.loads((tiny_sharded / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == SHARDS
+
+
+def test_where_links_are_off_the_snapshot_holds_copies_and_a_second_run_fetches_nothing(
+    hub: HubServer, tiny_sharded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_SYMLINKS", True)
+    done = run(download(REPO))
+    assert same_files(done.snapshot, tiny_sharded)
+    assert not any(p.is_symlink() for p in done.snapshot.iterdir())
+    hub.reset_counts()
+    assert run(download(REPO)).snapshot == done.snapshot
+    assert hub.bytes_served() == 0
