@@ -672,9 +672,13 @@ def _run_jobs(
             raise _Stopped
         events.put(_Landed(name, file_bytes))
 
+    # Files with the same bytes share one blob (and one partial file): one at a time each.
+    blob_locks = {job.file.etag: threading.Lock() for job in jobs}
+
     def run(job: _FileJob) -> None:
         try:
-            _fetch_file(job, partial(report, job.file.name))
+            with blob_locks[job.file.etag]:
+                _fetch_file(job, partial(report, job.file.name))
             events.put(_Finished(job.file.name, None))
         except BaseException as error:  # handed to the consuming thread, which raises it
             events.put(_Finished(job.file.name, error))
