@@ -39,6 +39,7 @@ __all__ = [
     "require_weight_files",
     "resolve_model",
     "shard_files",
+    "weight_index",
 ]
 
 DEMO_SPEC = "demo"
@@ -177,7 +178,7 @@ def read_card(path: Path, source: ModelSource = "path", *, name: str | None = No
         tensors.update(_read_safetensors_header(weight_file))
         bytes_on_disk += weight_file.stat().st_size
     num_parameters = _count_parameters(tensors, config, quantization)
-    index = _weight_index(path)
+    index = weight_index(path)
     layers_on_disk = _layers_on_disk(path, index, num_layers) if index is not None else None
     if index is not None and layers_on_disk is not None:
         # A pipeline share of a download: the card describes the whole model.
@@ -394,7 +395,7 @@ def shard_files(index_json: Mapping[str, Any], layer_range: tuple[int, int]) -> 
 def missing_weight_files(path: Path, layers: tuple[int, int] | None = None) -> list[str]:
     """The weight files of `path` that its index lists for `layers` (None: all) but that are
     not on disk; empty for a complete folder or one without an index."""
-    index = _weight_index(path)
+    index = weight_index(path)
     if index is None:
         return []
     wanted = shard_files(index, layers) if layers else set(_weight_map(index).values())
@@ -438,7 +439,9 @@ def hub_repo_of(path: Path) -> str | None:
     return storage.name.removeprefix("models--").replace("--", "/")
 
 
-def _weight_index(path: Path) -> dict[str, Any] | None:
+def weight_index(path: Path) -> dict[str, Any] | None:
+    """The folder's model.safetensors.index.json (None without one); ModelFormatError when it
+    is not a JSON object with a weight_map."""
     index_path = path / INDEX_FILE
     if not index_path.is_file():
         return None

@@ -22,7 +22,6 @@ resolved and must lie in the repo's cache folder.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import queue
 import shutil
@@ -62,8 +61,15 @@ from huggingface_hub.utils import (
 from pydantic import Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from engine.errors import EngineError
-from engine.models import INDEX_FILE, hf_cache_dir, layer_of, missing_weight_files, shard_files
+from engine.errors import EngineError, ModelFormatError
+from engine.models import (
+    INDEX_FILE,
+    hf_cache_dir,
+    layer_of,
+    missing_weight_files,
+    shard_files,
+    weight_index,
+)
 from engine.types import Frozen
 from exo_tui.hub_names import GitHash, RepoFileName, Sha256, check_hash, relative_path_problem
 
@@ -620,7 +626,15 @@ def _select(
     if index is None:
         return files  # one safetensors file holds every layer
     index_path = _fetch_file(_FileJob(snapshot, index, settings), lambda _: None)
-    index_json = cast(dict[str, Any], json.loads(Path(index_path).read_text(encoding="utf-8")))
+    try:
+        index_json = weight_index(index_path.parent)
+    except ModelFormatError as error:
+        raise DownloadError(
+            f"{snapshot.repo_id}'s {INDEX_FILE} cannot say which files hold which layers: "
+            f"{error.cause}",
+            "Download the whole model instead (exo-tui models download without --layers)",
+        ) from error
+    assert index_json is not None, "_fetch_file put the index there"
     in_index = _index_layers(index_json)
     if total_layers is not None and in_index != total_layers:
         raise DownloadError(

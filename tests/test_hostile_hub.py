@@ -278,3 +278,17 @@ def test_an_honest_hub_still_downloads(scene: Scene) -> None:
     done = run(download(REPO))
     assert same_files(done.snapshot, scene.source)
     assert os.path.commonpath([done.snapshot, scene.cache]) == str(scene.cache)
+
+
+@pytest.mark.parametrize(
+    "index", [b"not json", b"[1, 2]", b'{"weight_map": 5}', b"\xff\xfe"], ids=repr
+)
+def test_an_index_that_is_not_a_weight_index_fails_a_layer_range_by_name(
+    scene: Scene, index: bytes
+) -> None:
+    """The hub serves the bytes its own hash says: a broken repo, not a lying answer."""
+    scene.hub.repos[REPO].files["model.safetensors.index.json"] = index
+    with pytest.raises(DownloadError) as caught:
+        run(download(REPO, layers=(0, 2), total_layers=4))
+    assert REPO in caught.value.cause and "model.safetensors.index.json" in caught.value.cause
+    assert "without --layers" in caught.value.fix
