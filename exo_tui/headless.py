@@ -75,6 +75,7 @@ def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
 def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     from engine.generate import validate
     from engine.loading import load_model, run_loading
+    from engine.models import require_weight_files
     from exo_tui.conversation import chat_turn
     from exo_tui.tools import builtin_registry, local_cluster_status
 
@@ -82,8 +83,11 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
     request = build_request(args, prompt)
     validate(request)  # a bad request fails before minutes of loading
     card = chat_card(args.model or default_model_spec(args.models_dir), args.models_dir)
-    if cluster is None and (card.layers_on_disk is not None or card.source == "hf_cache"):
-        card = downloaded(card, args.json)  # nothing, or the rest, of a catalogue model
+    if cluster is None and card.source == "hf_cache":
+        card = downloaded(card, args.json)  # nothing, or the rest, of a hub model
+    elif cluster is None and card.layers_on_disk is not None:
+        # A folder outside the hub cache is no hub repo: name the files it lacks, ask no hub.
+        require_weight_files(Path(card.path), name=card.name)
     registry = builtin_registry(lambda: local_cluster_status(card.name))
     if not args.no_tools:
         request = request.model_copy(update={"tools": registry.specs})

@@ -31,6 +31,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from engine.errors import EngineError
 from engine.generate import CancelToken, prefill_next_turn
 from engine.loading import LoadedModel
+from engine.models import require_weight_files
 from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, TextChunk
 from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
@@ -482,13 +483,7 @@ class ExoTuiApp(App[None]):
         elif not self._on_disk(self.card):
             entry = self._catalogue_entry(self.card.name)
             if entry is None:
-                have = self.card.partial_note or "nothing"
-                self.notify(
-                    f"Cannot load {self.card.name} on this node alone: {have}. Place it across "
-                    "the nodes that hold the rest (F2), or download it: exo-tui models download",
-                    severity="error",
-                    timeout=10,
-                )
+                self.notify(cannot_load_alone(self.card), severity="error", timeout=10)
             else:
                 self._offer_download(entry, *self._fit(self.card))
             return
@@ -892,3 +887,16 @@ def run_app(
     )
     app.run()
     return 0
+
+
+def cannot_load_alone(card: ModelCard) -> str:
+    """Why `card` cannot load on this node alone: by name, the files its folder lacks."""
+    alone = f"Cannot load {card.name} on this node alone ({card.partial_note or 'nothing on disk'})"
+    try:
+        require_weight_files(Path(card.path), name=card.name)
+    except EngineError as error:
+        return f"{alone}: {error}. F2 places it across the nodes that hold the rest."
+    return (
+        f"{alone}. Place it across the nodes that hold the rest (F2), or download it: "
+        "exo-tui models download"
+    )

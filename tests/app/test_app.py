@@ -215,6 +215,23 @@ async def test_a_model_that_does_not_fit_is_refused(models_dir: Path) -> None:
         assert app.loaded is None
 
 
+async def test_a_folder_missing_an_indexed_file_is_refused_by_that_file_s_name(
+    models_dir: Path,
+) -> None:
+    folder = models_dir / "tiny-llama"
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    lost = sorted(set(index["weight_map"].values()))[-1]
+    (folder / lost).unlink()
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.card is not None)
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: any(lost in n.message for n in app._notifications))
+        (message,) = [n.message for n in app._notifications if lost in n.message]
+        assert f"Copy {lost} into {folder}" in message and "download" not in message
+        assert app.state.instance is None and app.loaded is None
+
+
 async def test_a_model_failing_to_load_marks_the_node_failed(models_dir: Path) -> None:
     broken = models_dir / "tiny-llama"
     config = json.loads((broken / "config.json").read_text())
