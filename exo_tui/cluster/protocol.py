@@ -260,13 +260,23 @@ class InstanceStopped(Frozen):
     instance_id: str
 
 
+class CommandRefused(Frozen):
+    """Node -> a coordinator: that command is not yours to give (another session launched the
+    instance); the instance goes on untouched."""
+
+    type: Literal["command_refused"] = "command_refused"
+    instance_id: str
+    command: str
+    reason: str
+
+
 # What a coordinator tells the nodes of an instance, and what they report back.
 HostCommand = (
     FetchShard | ReservePorts | LaunchRanks | JoinRing | ChatFrame | CancelChat | StopInstance
 )  # fmt: skip
 InstanceReport = (
     FetchProgress | FetchDone | PortsReserved | RanksProgress | RanksReady | InstanceFailed
-    | ChunkFrame | ChatFinished | InstanceStopped
+    | ChunkFrame | ChatFinished | InstanceStopped | CommandRefused
 )  # fmt: skip
 InstanceFrame = HostCommand | InstanceReport
 
