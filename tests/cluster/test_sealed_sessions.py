@@ -5,7 +5,7 @@ serving; the next, untouched connection works again."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -56,23 +56,14 @@ def reorder() -> Attack:
     return attack
 
 
-ATTACKS: dict[str, Attack | None] = {
-    "inject": inject,
-    "drop": drop,
-    "change": change,
-    "replay": None,  # stateful: made per test
-    "reorder": None,
+# Each makes a fresh attack for one test: replay and reorder keep the frames they hold back.
+ATTACKS: dict[str, Callable[[], Attack]] = {
+    "inject": lambda: inject,
+    "drop": lambda: drop,
+    "change": lambda: change,
+    "replay": replay,
+    "reorder": reorder,
 }
-
-
-def make_attack(name: str) -> Attack:
-    if name == "replay":
-        return replay()
-    if name == "reorder":
-        return reorder()
-    attack = ATTACKS[name]
-    assert attack is not None
-    return attack
 
 
 @pytest.fixture
@@ -97,7 +88,7 @@ def test_a_tampered_session_frame_ends_the_session_and_the_node_goes_on(
     start: StartNode, relays: list[Relay], attack: str
 ) -> None:
     a = start("a")
-    relay = Relay(("127.0.0.1", a.port), to_server=make_attack(attack))
+    relay = Relay(("127.0.0.1", a.port), to_server=ATTACKS[attack]())
     relays.append(relay)
     b = start("b", "--peer", relay.address)
     lost = a.lost(b, timeout=15)
