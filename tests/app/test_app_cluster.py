@@ -18,7 +18,7 @@ from exo_tui.cluster.placement import Placement
 from exo_tui.cluster.state import RunnerReady
 from exo_tui.store.identity import ClusterKey, load_node_identity
 from tests.app.helpers import fixed_stats, wait_until
-from tests.cluster.node_process import KEY, NodeProcess, StartNode
+from tests.cluster.node_process import FOREIGN_KEY, KEY, NodeProcess, StartNode
 
 pytestmark = pytest.mark.anyio
 
@@ -131,7 +131,7 @@ async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_p
 async def test_a_peer_with_another_key_is_shown_as_foreign(
     start: StartNode, tiny_llama: Path, tmp_path: Path
 ) -> None:
-    stranger = start("stranger", key="some-other-cluster-key-77")
+    stranger = start("stranger", key=FOREIGN_KEY)
     app = app_with_peer(stranger, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: bool(app.state.foreign), timeout=15)
