@@ -39,6 +39,7 @@ from engine.blas import machine_cores
 from engine.errors import EngineError, RequestError
 from engine.generate import CancelToken
 from engine.parallel import (
+    ShardError,
     ShardSpec,
     Strategy,
     check_shard_specs,
@@ -132,6 +133,15 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 def ring_specs(
     card: ModelCard, strategy: Strategy, world_size: int, layer_counts: Sequence[int] | None = None
 ) -> list[ShardSpec]:
+    """One spec per rank; ShardError when `world_size` ranks cannot split `card`."""
+    if world_size < 1:
+        raise ShardError(f"A ring of {world_size} ranks runs nothing", "Use 1 rank or more")
+    if strategy == "pipeline" and layer_counts is None and world_size > card.num_layers:
+        raise ShardError(
+            f"{world_size} pipeline ranks need a layer each, but {card.name} has "
+            f"{card.num_layers} layers",
+            f"Use at most {card.num_layers} ranks (--ranks {card.num_layers})",
+        )
     if strategy == "tensor":
         return tensor_specs(card.num_layers, world_size)
     return pipeline_specs(layer_counts or even_layer_counts(card.num_layers, world_size))
