@@ -42,6 +42,7 @@ from engine.parallel import (
     ShardError,
     ShardSpec,
     Strategy,
+    check_shard_spec,
     check_shard_specs,
     even_layer_counts,
     pipeline_specs,
@@ -183,6 +184,9 @@ class LocalRing:
             check_shard_specs(card, specs)  # before anything starts
         elif not specs or any(not 0 <= s.rank < len(hosts) for s in specs):
             raise ValueError(f"ranks {[s.rank for s in specs]} are not ranks of {len(hosts)} hosts")
+        else:
+            for spec in specs:  # a peer's specs: refused here, before a runner starts
+                check_shard_spec(card, spec, len(hosts))
         self.card = card
         self.specs = list(specs)
         self.hosts = list(hosts) if hosts is not None else None

@@ -362,3 +362,30 @@ async def test_a_peers_bad_chat_requests_get_an_error_back(start: StartNode, mod
         assert isinstance(done, DoneChunk) and done.token_ids == expected.token_ids
         assert all(n.process.poll() is None for n in nodes)
         tasks.cancel_scope.cancel()
+
+
+async def test_a_peers_shard_spec_out_of_bounds_is_refused_naming_the_layers(
+    start: StartNode, models: Path
+) -> None:
+    nodes, cluster, card = await launched(start, models, "pipeline", count=1)
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(cluster.node.run)
+        await cluster.wait(lambda: len(cluster.state.online_nodes) == 1, 15)
+        placement = place(cluster.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        # What a hostile peer can send: ShardSpec on the wire has no bounds of its own.
+        shard = placement.shards[0].model_construct(**{
+            **placement.shards[0].model_dump(), "start_layer": -3, "end_layer": 999
+        })  # fmt: skip
+        bad = placement.model_copy(update={"shards": (shard,)})
+        with pytest.raises(ClusterError) as refused:
+            await cluster.node.coordinator.launch(bad, card)
+        message = str(refused.value)
+        assert "[-3, 999)" in message and "out of bounds" in message, message
+        assert f"has {card.num_layers} layers" in message, message
+        assert not runner_pids(nodes[0]) and nodes[0].process.poll() is None
+        # The node serves the next launch as before.
+        await cluster.node.coordinator.launch(placement, card)
+        done = (await collect(cluster.node.coordinator.chat(REQUEST)))[-1]
+        assert isinstance(done, DoneChunk) and done.finish_reason in ("stop", "length")
+        tasks.cancel_scope.cancel()
