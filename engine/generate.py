@@ -100,7 +100,8 @@ def validate(request: ChatRequest) -> None:
         raise RequestError("The prompt is empty", "Type a message, or pass --prompt TEXT")
     if request.max_tokens < 1:
         raise RequestError(
-            f"max_tokens is {request.max_tokens}", "Ask for at least one token (--max-tokens N)"
+            f"max_tokens is {request.max_tokens}, but it must be 1 or more",
+            "Ask for at least one token (--max-tokens N)",
         )
     if not math.isfinite(request.temperature) or request.temperature < 0:
         raise RequestError(

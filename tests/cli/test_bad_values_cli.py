@@ -30,7 +30,7 @@ BAD_CHAT_VALUES = [
     (["--top-p", "-1"], ["top_p is -1.0", "above 0 and at most 1"]),
     (["--top-p", "2"], ["top_p is 2.0", "above 0 and at most 1"]),
     (["--top-p", "nan"], ["top_p is nan", "above 0 and at most 1"]),
-    (["--max-tokens", "0"], ["max_tokens is 0", "at least one token"]),
+    (["--max-tokens", "0"], ["max_tokens is 0", "1 or more"]),
     (["--ranks", "0"], ["--ranks", "0 is not a number of processes", "1 or more"]),
     (["--ranks", "-2"], ["--ranks", "-2 is not a number of processes", "1 or more"]),
     (["--ranks", "9"], ["9 pipeline ranks", "has 4 layers", "at most 4 ranks"]),
