@@ -27,7 +27,7 @@ import anyio.to_thread
 
 from engine.errors import EngineError
 from engine.models import find_models
-from engine.types import ModelCard
+from engine.types import Chunk, ModelCard
 from exo_tui.cluster.protocol import (
     CancelChat,
     ChatFinished,
@@ -49,7 +49,7 @@ from exo_tui.cluster.protocol import (
     SendFrame,
     StopInstance,
 )
-from exo_tui.cluster.ranks import LocalRing, RingError, free_ports
+from exo_tui.cluster.ranks import LocalRing, RingError, failure_chunks, free_ports
 from exo_tui.cluster.state import HostedRunner
 from exo_tui.downloads import DownloadError, download
 
@@ -317,18 +317,25 @@ class RankHost:
         cancel = hosted.cancels[frame.request_id] = threading.Event()
         speaks = any(spec.rank == 0 for spec in ring.specs)  # only rank 0 yields the answer
 
+        def answer(chunk: Chunk) -> None:
+            message = ChunkFrame(
+                instance_id=hosted.instance_id, request_id=frame.request_id, chunk=chunk
+            )
+            anyio.from_thread.run(self._send, owner.node_id, message)
+
         def chat() -> None:
-            for chunk in ring.chat(frame.request, cancel):
-                if speaks and ring.failure is None:
-                    message = ChunkFrame(
-                        instance_id=hosted.instance_id, request_id=frame.request_id, chunk=chunk
-                    )
-                    anyio.from_thread.run(self._send, owner.node_id, message)
+            try:
+                for chunk in ring.chat(frame.request, cancel):
+                    if speaks and ring.failure is None:
+                        answer(chunk)
+            except EngineError as error:  # a request error on every rank: the ring is fine
+                log.warning("request %s failed: %s", frame.request_id, error)
+                if speaks:  # the coordinator shows it, as one machine would
+                    for chunk in failure_chunks(str(error)):
+                        answer(chunk)
 
         try:
             await anyio.to_thread.run_sync(chat, abandon_on_cancel=True)
-        except EngineError as error:  # a request error on every rank: the ring is fine
-            log.warning("request %s failed: %s", frame.request_id, error)
         finally:
             hosted.cancels.pop(frame.request_id, None)
         if ring.failure is not None:
