@@ -953,7 +953,8 @@ class ExoTuiApp(App[None]):
 
     def _finish_work(self) -> None:
         """Join the MLX work and history writes, then save what waits and checkpoint the store."""
-        self._in_flight.close(QUIT_WAIT_S)
+        if not self._in_flight.close(QUIT_WAIT_S):
+            return  # still busy: the store stays open (its writes are durable), nothing waits
         ENGINE_THREAD.run(wait_for_streams)  # on the thread that ran the work
         if self.unsaved is not None:
             self.unsaved.save()

@@ -167,6 +167,8 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 # SQLite result codes that mean the bytes on disk are not a usable database.
 _UNREADABLE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+# What a read-only open of a WAL database says when it cannot make the -shm it reads through.
+_NO_SHM_CODES = frozenset({sqlite3.SQLITE_READONLY_DIRECTORY, sqlite3.SQLITE_CANTOPEN})
 
 
 def auto_title(text: str, limit: int = TITLE_LENGTH) -> str | None:
@@ -260,10 +262,11 @@ class ChatStore:
         except sqlite3.Error as error:
             conn.close()
             # A WAL database needs its -shm beside it even to be read; in a folder the user
-            # cannot write SQLite cannot make one. With no -wal there is nothing but the main
-            # file to read, and no one else can write it, so reading it as immutable is exact.
+            # cannot write (or on a read-only mount) SQLite cannot make one. With no -wal there
+            # is nothing but the main file to read, and no one else writes it here, so reading
+            # it as immutable is exact.
             wal = self.path.with_name(self.path.name + "-wal")
-            if error.sqlite_errorcode != sqlite3.SQLITE_READONLY_DIRECTORY or wal.exists():
+            if error.sqlite_errorcode not in _NO_SHM_CODES or wal.exists():
                 raise
         return connect(f"{uri}?mode=ro&immutable=1", uri=True)
 
@@ -685,10 +688,15 @@ def _read_only(db: Path, unwritable: Path) -> OpenedChatStore:
         return _in_memory(db, f"{error.reason}; it cannot be moved aside either", fix=fix)
     except ChatStoreError as error:
         return _in_memory(db, str(error), fix=fix)
+    owner = _owner(unwritable)
+    if owner != user:
+        why = f"{unwritable} belongs to {owner}, not to you ({user}); was exo-tui run with sudo?"
+    else:  # a read-only mount, or permissions taken away
+        why = f"{unwritable} is read-only for you ({user})."
+        fix = f"To save chats again, quit and make {unwritable} writable (chmod u+w, or remount)."
     notice = (
-        f"The chat database at {db} cannot be written: {unwritable} belongs to "
-        f"{_owner(unwritable)}, not to you ({user}); was exo-tui run with sudo? Your history is "
-        f"shown read-only and new chats are not saved this session. {fix}"
+        f"The chat database at {db} cannot be written: {why} Your history is shown read-only "
+        f"and new chats are not saved this session. {fix}"
     )
     return OpenedChatStore(store, notice)
 
