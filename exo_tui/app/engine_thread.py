@@ -20,13 +20,19 @@ T = TypeVar("T")
 
 
 class EngineThread:
+    """Started by its first job, so importing the app starts no thread."""
+
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="mlx", daemon=True)
-        self._thread.start()
+        self._start = threading.Lock()
+        self._thread: threading.Thread | None = None
 
     def run(self, work: Callable[[], T]) -> T:
         """Run `work` on the MLX thread, after the jobs before it; its result or its error."""
+        with self._start:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="mlx", daemon=True)
+                self._thread.start()
         future: Future[T] = Future()
 
         def job() -> None:

@@ -766,35 +766,38 @@ class ExoTuiApp(App[None]):
         opening: tuple[Message, ...],
     ) -> None:
         """Answer, save the turn (`opening` and what the answer added), then prefill the next."""
+        prefill_cancel = self._prefill_cancel  # the next prompt (or an unload) sets it
         with self._in_flight.running() as allowed:
-            if allowed:
-                ENGINE_THREAD.run(
-                    lambda: self._answer_and_save(answerer, request, answer, cancel, chat, opening)
-                )
+            if not allowed:
+                return
+            added = ENGINE_THREAD.run(lambda: self._answer_turn(answerer, request, answer, cancel))
+            # Saved here, not from TurnEnded: a quit mid-answer still saves what was answered;
+            # and off the MLX thread, so a store waiting out a lock does not hold up the model.
+            if self.unsaved is not None:
+                self.unsaved.add(chat, (*opening, *(added or [])))
+                self.post_message(HistorySaved(self.unsaved.save()))
+            if added is not None and isinstance(answerer, LoadedModel):
+                # While the user reads and types, prefill the history as the next turn will
+                # see it; sending the next message stops this within one step.
+                history = request.model_copy(update={"messages": (*request.messages, *added)})
+                ENGINE_THREAD.run(lambda: self._prefill_history(answerer, history, prefill_cancel))
 
-    def _answer_and_save(
+    def _answer_turn(
         self,
         answerer: LoadedModel | GenerateFn,
         request: ChatRequest,
         answer: AnswerView,
         cancel: threading.Event,
-        chat: ChatSummary,
-        opening: tuple[Message, ...],
-    ) -> None:
-        prefill_cancel = self._prefill_cancel  # the next prompt (or an unload) sets it
+    ) -> list[Message] | None:
         with self._engine_lock:  # after any next-turn prefill has stopped
-            added = self._run_turn(answerer, request, answer, cancel)
-        # Written here, not from TurnEnded: a quit mid-answer still saves what was answered.
-        if self.unsaved is not None:
-            self.unsaved.add(chat, (*opening, *(added or [])))
-            self.post_message(HistorySaved(self.unsaved.save()))
-        if added is not None and isinstance(answerer, LoadedModel):
-            # While the user reads and types, prefill the history as the next turn will see
-            # it; sending the next message stops this within one step.
-            history = request.model_copy(update={"messages": (*request.messages, *added)})
-            with self._engine_lock:
-                if not prefill_cancel.is_set():
-                    prefill_next_turn(answerer, history, prefill_cancel)
+            return self._run_turn(answerer, request, answer, cancel)
+
+    def _prefill_history(
+        self, loaded: LoadedModel, history: ChatRequest, cancel: threading.Event
+    ) -> None:
+        with self._engine_lock:
+            if not cancel.is_set():
+                prefill_next_turn(loaded, history, cancel)
 
     def _run_turn(
         self,
