@@ -447,3 +447,14 @@ def prefill_next_turn(
     if held:  # what the cache holds goes back (take took it out), a cancelled prefill's too
         loaded.prompt_cache.keep(prefix[:held], cache)
     return held - (len(prefix) - len(rest))
+
+
+def wait_for_streams() -> None:
+    """Block until everything queued on MLX's streams has run: call before the interpreter ends.
+
+    Decoding queues the next token before the last is read (``async_eval``), so an answer or a
+    load stopped midway leaves work on a stream's thread; an interpreter that exits under it
+    aborts ("terminate called without an active exception").
+    """
+    mx.synchronize(generation_stream)
+    mx.synchronize()

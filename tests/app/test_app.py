@@ -112,7 +112,9 @@ async def test_launch_draws_every_layer_then_chat_streams_and_is_stored(models_d
         assert "tok/s" in str(app.query_one(StatsLine).render())
 
         assert app.store is not None and app.chat is not None
-        stored = app.store.messages(app.chat.id)
+        store, chat_id = app.store, app.chat.id
+        await wait_until(pilot, lambda: any(c.id == chat_id for c in store.list_chats()))
+        stored = store.messages(chat_id)
         assert [m.role for m in stored] == ["system", "user", "assistant"]
         assert stored[1].content == "Hello there"
         assert stored[2].content == answer.text.strip()
