@@ -4,16 +4,19 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Protocol, cast
 
+import jinja2
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generate_step, generation_stream, wired_limit
 from mlx_lm.sample_utils import make_sampler
 
-from engine.errors import RequestError
+from engine.errors import ModelFormatError, RequestError
 from engine.harmony import HarmonyStreamParser, render_gpt_oss_prompt
 from engine.loading import LoadedModel
 from engine.parsers import OutputParser, ParsedChunk, tool_schema
@@ -80,7 +83,16 @@ def message_dict(message: Message) -> dict[str, Any]:
     return out
 
 
+SEED_LIMIT = 2**64  # MLX's random seed is an unsigned 64-bit integer
+
+
 def validate(request: ChatRequest) -> None:
+    """Raise RequestError, naming the field, its value and the valid range, for a request no
+    model can serve. Every entry point calls it (the CLI before loading, generate() on every
+    rank), so a request from a peer is checked like one typed here.
+
+    Not constraints on the pydantic model: a peer's out-of-range request would then be a
+    malformed frame, which closes its session, where it should get the error back."""
     if not request.messages:
         raise RequestError("The chat request has no messages", "Send at least one user message")
     last = request.messages[-1]
@@ -88,11 +100,23 @@ def validate(request: ChatRequest) -> None:
         raise RequestError("The prompt is empty", "Type a message, or pass --prompt TEXT")
     if request.max_tokens < 1:
         raise RequestError(
-            f"max_tokens is {request.max_tokens}", "Ask for at least one token (--max-tokens N)"
+            f"max_tokens is {request.max_tokens}, but it must be 1 or more",
+            "Ask for at least one token (--max-tokens N)",
         )
-    if request.temperature < 0:
+    if not math.isfinite(request.temperature) or request.temperature < 0:
         raise RequestError(
-            f"temperature is {request.temperature}", "Use 0 for greedy or a positive value"
+            f"temperature is {request.temperature}, but it must be a finite number of at least 0",
+            "Use 0 for greedy or a positive value (--temperature T)",
+        )
+    if not math.isfinite(request.top_p) or not 0 < request.top_p <= 1:
+        raise RequestError(
+            f"top_p is {request.top_p}, but it must be above 0 and at most 1",
+            "Use 1 to sample from every token, or a share such as 0.9 (--top-p P)",
+        )
+    if request.seed is not None and not 0 <= request.seed < SEED_LIMIT:
+        raise RequestError(
+            f"seed is {request.seed}, outside 0 to 2^64 - 1",
+            "Use a whole number from 0 to 18446744073709551615 (--seed S)",
         )
 
 
@@ -127,7 +151,17 @@ def render_prompt(loaded: LoadedModel, request: ChatRequest) -> list[int]:
         kwargs["tools"] = [tool_schema(t) for t in request.tools]
     if request.enable_thinking is not None:
         kwargs["enable_thinking"] = request.enable_thinking
-    rendered: Any = tokenizer.apply_chat_template(messages, **kwargs)
+    try:
+        rendered: Any = tokenizer.apply_chat_template(messages, **kwargs)
+    except jinja2.TemplateError as error:
+        # A RequestError, not a model error: a sound template may refuse some conversations
+        # (roles out of order) with raise_exception, and a rank keeps serving the next one.
+        raise RequestError(
+            f"The chat template of {loaded.card.name} cannot render this conversation: "
+            f"{type(error).__name__}: {error}",
+            f"Fix the chat_template in {Path(loaded.card.path) / 'tokenizer_config.json'} "
+            "(or its chat_template.jinja)",
+        ) from None
     # Newer transformers may return a BatchEncoding instead of the ids.
     ids = cast(list[int], rendered["input_ids"] if isinstance(rendered, dict) else rendered)
     return [int(t) for t in ids]
@@ -213,6 +247,7 @@ def sampled_tokens(
     sampler: Sampler,
     max_tokens: int,
     one_pass_tokens: int,
+    name: str = "The model",
 ) -> Iterator[int]:
     """The tokens that continue `rest` after `cache`: the rest in one pass that gives the first
     token (a rest longer than `one_pass_tokens`: all but its last token into the cache first),
@@ -228,6 +263,15 @@ def sampled_tokens(
             feed(model, head[start : start + PREFILL_STEP], cache)
         logits = last_position_logits(model, mx.array(tail)[None], cache)
         first = sampler(logits - mx.logsumexp(logits, keepdims=True))
+        finite = mx.all(mx.isfinite(logits))
+        mx.eval(first, finite)
+    if not finite.item():
+        # Weights that are not numbers give NaN logits, which sample as token 0 forever.
+        raise ModelFormatError(
+            f"{name} computes NaN or infinite logits for this prompt: its weights hold values "
+            "that are not numbers (corrupt or garbage bytes in its safetensors files)",
+            "Download or convert the model again",
+        )
     yield cast(int, first.item())
     if max_tokens == 1:
         return
@@ -288,7 +332,9 @@ def generate(
     try:
         with wired_limit(loaded.model, cast(Any, [generation_stream])):
             one_pass_tokens = ONE_PASS_TOKENS_PER_LAYER * loaded.card.num_layers
-            tokens = sampled_tokens(loaded.model, rest, cache, sampler, max_tokens, one_pass_tokens)
+            tokens = sampled_tokens(
+                loaded.model, rest, cache, sampler, max_tokens, one_pass_tokens, loaded.card.name
+            )
             prefill_started = time.perf_counter()
             for token in tokens:
                 if not token_ids:
@@ -401,3 +447,14 @@ def prefill_next_turn(
     if held:  # what the cache holds goes back (take took it out), a cancelled prefill's too
         loaded.prompt_cache.keep(prefix[:held], cache)
     return held - (len(prefix) - len(rest))
+
+
+def wait_for_streams() -> None:
+    """Block until everything queued on MLX's streams has run: call before the interpreter ends.
+
+    Decoding queues the next token before the last is read (``async_eval``), so an answer or a
+    load stopped midway leaves work on a stream's thread; an interpreter that exits under it
+    aborts ("terminate called without an active exception").
+    """
+    mx.synchronize(generation_stream)
+    mx.synchronize()

@@ -21,7 +21,7 @@ from engine import attention, blas, kernels
 from engine.errors import ModelFormatError
 from engine.harmony import stop_token_ids
 from engine.kernels import routing
-from engine.models import missing_weight_files, read_card
+from engine.models import read_card, require_weight_files
 from engine.prompt_cache import ConversationCache
 from engine.types import LoadProgress, ModelCard
 
@@ -87,15 +87,7 @@ def open_lazy(
     `layers` are the only layers this process will run (a pipeline rank): the folder may then
     hold only the weight files those need, and the other layers are left unloaded."""
     card = read_card(path)
-    missing = missing_weight_files(path, layers)
-    if missing:
-        which = f"layers {layers[0]}-{layers[1] - 1}" if layers else "the whole model"
-        part = f" --layers {layers[0]}:{layers[1]}" if layers else ""
-        raise ModelFormatError(
-            f"{path} lacks {len(missing)} weight file(s) that {which} of {card.name} need, "
-            f"e.g. {missing[0]} (only part of the model was downloaded)",
-            f"Download them: exo-tui models download {card.name}{part}",
-        )
+    require_weight_files(path, layers, name=card.name)
     try:
         built = cast(
             tuple[nn.Module, dict[str, Any]],

@@ -33,10 +33,13 @@ __all__ = [
     "find_models_with_errors",
     "hf_cache_dir",
     "layer_of",
+    "hub_repo_of",
     "missing_weight_files",
     "read_card",
+    "require_weight_files",
     "resolve_model",
     "shard_files",
+    "weight_index",
 ]
 
 DEMO_SPEC = "demo"
@@ -175,7 +178,7 @@ def read_card(path: Path, source: ModelSource = "path", *, name: str | None = No
         tensors.update(_read_safetensors_header(weight_file))
         bytes_on_disk += weight_file.stat().st_size
     num_parameters = _count_parameters(tensors, config, quantization)
-    index = _weight_index(path)
+    index = weight_index(path)
     layers_on_disk = _layers_on_disk(path, index, num_layers) if index is not None else None
     if index is not None and layers_on_disk is not None:
         # A pipeline share of a download: the card describes the whole model.
@@ -392,14 +395,53 @@ def shard_files(index_json: Mapping[str, Any], layer_range: tuple[int, int]) -> 
 def missing_weight_files(path: Path, layers: tuple[int, int] | None = None) -> list[str]:
     """The weight files of `path` that its index lists for `layers` (None: all) but that are
     not on disk; empty for a complete folder or one without an index."""
-    index = _weight_index(path)
+    index = weight_index(path)
     if index is None:
         return []
     wanted = shard_files(index, layers) if layers else set(_weight_map(index).values())
     return sorted(name for name in wanted if not (path / name).is_file())
 
 
-def _weight_index(path: Path) -> dict[str, Any] | None:
+def require_weight_files(
+    path: Path, layers: tuple[int, int] | None = None, *, name: str | None = None
+) -> None:
+    """Raise ModelFormatError naming the weight files of `layers` (None: all) that the folder's
+    index lists but that are not on disk. The fix depends on where the folder is: a snapshot in
+    the Hugging Face cache downloads the rest of its repo; any other folder is not a hub repo,
+    so the files must be copied in."""
+    missing = missing_weight_files(path, layers)
+    if not missing:
+        return
+    which = f"layers {layers[0]}-{layers[1] - 1}" if layers else "the whole model"
+    shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+    cause = (
+        f"{path} lacks {len(missing)} weight file(s) that {which} of {name or path.name} "
+        f"need{'s' if not layers else ''}: {shown} (its {INDEX_FILE} lists "
+        f"{'them' if len(missing) > 1 else 'it'})"
+    )
+    repo = hub_repo_of(path)
+    if repo is not None:
+        part = f" --layers {layers[0]}:{layers[1]}" if layers else ""
+        raise ModelFormatError(cause, f"Download them: exo-tui models download {repo}{part}")
+    raise ModelFormatError(
+        cause,
+        f"Copy {missing[0]}{' and the rest' if len(missing) > 1 else ''} into {path} from "
+        "where the model came from, or run it across nodes that hold the other layers",
+    )
+
+
+def hub_repo_of(path: Path) -> str | None:
+    """The repo id of a snapshot folder in the Hugging Face cache
+    (`models--org--name/snapshots/<commit>` -> "org/name"), None for any other folder."""
+    storage = path.resolve().parent.parent
+    if path.resolve().parent.name != "snapshots" or not storage.name.startswith("models--"):
+        return None
+    return storage.name.removeprefix("models--").replace("--", "/")
+
+
+def weight_index(path: Path) -> dict[str, Any] | None:
+    """The folder's model.safetensors.index.json (None without one); ModelFormatError when it
+    is not a JSON object with a weight_map."""
     index_path = path / INDEX_FILE
     if not index_path.is_file():
         return None

@@ -102,15 +102,15 @@ def check_shard_spec(card: ModelCard, spec: ShardSpec, world_size: int) -> None:
             f"The shard spec is for rank {spec.rank}, outside a ring of {world_size} ranks",
             f"Use ranks 0 to {world_size - 1}",
         )
-    if spec.start_layer < 0 or spec.end_layer <= spec.start_layer:
+    if not 0 <= spec.start_layer < n or not 0 < spec.end_layer <= n:
+        raise ShardError(
+            f"The layer range {span} of rank {spec.rank} is out of bounds: {layers}",
+            f"Give each rank a range within [0, {n})",
+        )
+    if spec.end_layer <= spec.start_layer:
         raise ShardError(
             f"The shard spec for rank {spec.rank} has an empty layer range {span}",
             "Give every rank at least one layer (start_layer < end_layer)",
-        )
-    if spec.end_layer > n:
-        raise ShardError(
-            f"The layer range {span} of rank {spec.rank} goes past the last layer: {layers}",
-            f"End the last range at layer {n}",
         )
     if spec.strategy == "pipeline":
         if spec.rank == 0 and spec.start_layer != 0:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -11,6 +13,56 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from exo_tui.cluster.node import ClusterSetup
+
+
+def _number(text: str, kind: type[int] | type[float], wanted: str) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {wanted}") from None
+
+
+def _port(text: str) -> int:
+    """A TCP port, or 0 for any free one (argparse exits 2 with the message)."""
+    wanted = "a TCP port: use 1 to 65535 (0: any free port)"
+    port = int(_number(text, int, wanted))
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not {wanted}")
+    return port
+
+
+def _address(text: str) -> str:
+    """An IP address of this machine to bind to (zeroconf and the listener take addresses)."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an IP address: give one of this machine's addresses, e.g. 192.168.1.5"
+        ) from None
+
+
+def _at_least_one(text: str) -> int:
+    wanted = "a number of processes: use a whole number of 1 or more"
+    count = int(_number(text, int, wanted))
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"{count} is not {wanted}")
+    return count
+
+
+def _seconds(text: str) -> float:
+    wanted = "a number of seconds: use 0 or more"
+    seconds = float(_number(text, float, wanted))
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not {wanted}")
+    return seconds
+
+
+def _model_spec(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "the model name is empty: give a model name or path (`exo-tui models` lists them)"
+        )
+    return text
 
 
 def _add_models_dir(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +77,7 @@ def _add_models_dir(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_node_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=int, default=None, help="control port (default 52525)")
+    parser.add_argument("--port", type=_port, default=None, help="control port (default 52525)")
     parser.add_argument(
         "--peer",
         action="append",
@@ -36,6 +88,7 @@ def _add_node_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interface",
         action="append",
+        type=_address,
         default=None,
         metavar="ADDRESS",
         help="bind the control port and mDNS to this address only (repeatable for mDNS)",
@@ -51,7 +104,7 @@ def _add_discovery(parser: argparse.ArgumentParser, discover_help: str) -> None:
     """What a command that joins the cluster for a moment (with --cluster) takes."""
     parser.add_argument(
         "--discover",
-        type=float,
+        type=_seconds,
         default=3.0,
         metavar="S",
         help=f"with --cluster: {discover_help} (default 3)",
@@ -65,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="exo-tui",
         description="Run large language models across the machines you own.",
     )
-    parser.add_argument("--model", help="model to preselect (name or path)")
+    parser.add_argument("--model", type=_model_spec, help="model to preselect (name or path)")
     parser.add_argument("--load", action="store_true", help="launch the model at start")
     parser.add_argument(
         "--cluster",
@@ -80,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command")
 
     chat = commands.add_parser("chat", help="one chat turn, headless (for scripts and benchmarks)")
-    chat.add_argument("--model", help="model name or path (default: the bundled demo)")
+    chat.add_argument(
+        "--model", type=_model_spec, help="model name or path (default: the bundled demo)"
+    )
     chat.add_argument("--prompt", help="the user message (default: read standard input)")
     chat.add_argument("--system", help="a system message")
     chat.add_argument("--max-tokens", type=int, default=512)
@@ -93,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument(
         "--ranks",
-        type=int,
+        type=_at_least_one,
         default=1,
         metavar="N",
         help="run the model on N local processes joined in an MLX ring (default 1: in-process)",

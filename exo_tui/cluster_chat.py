@@ -92,7 +92,9 @@ def run_chat_on_cluster(
     try:
         return anyio.run(_chat, args, setup, card, request, registry, out)
     except BaseExceptionGroup as group:  # the task group wraps what went wrong
-        raise _first_engine_error(group) or group from None
+        from exo_tui.node_command import listen_error
+
+        raise _first_engine_error(group) or listen_error(group, setup.options) or group from None
 
 
 def _first_engine_error(group: BaseExceptionGroup[BaseException]) -> EngineError | None:

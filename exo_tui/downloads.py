@@ -11,17 +11,19 @@ Why not plain `snapshot_download`: huggingface_hub 2.x writes each file to a pro
 again from zero, and it never checks a file's hash. Here each file lands in
 `blobs/<etag>.incomplete`, kept across runs and resumed with a Range request (huggingface_hub's
 own `http_get`), and is moved into place only when its sha256 (LFS files) or git blob id
-(the others) matches the hub's metadata; huggingface_hub then links it into the snapshot.
+(the others) matches the hub's metadata; huggingface_hub's own helper then links it into the
+snapshot. Not `hf_hub_download` for that either: it takes each file's ETag and commit from the
+hub's headers as paths in the cache, so a hostile mirror could write outside it. Every name the
+hub sends is checked (exo_tui.hub_names) before it becomes a path, and every path written is
+resolved and must lie in the repo's cache folder.
 """
 # pyright: strict
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import queue
-import re
 import shutil
 import threading
 from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
@@ -34,31 +36,44 @@ from typing import Any, Literal, cast
 import httpx2
 
 # (huggingface_hub types some arguments as bare `dict` / `tqdm`: hence the ignores below.)
-from huggingface_hub import (
-    HfApi,
-    hf_hub_download,  # pyright: ignore[reportUnknownVariableType]
-    hf_hub_url,
-)
+from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
+    HFValidationError,
     OfflineModeIsEnabled,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import http_get  # pyright: ignore[reportUnknownVariableType]
+
+# The cache's own way to link a snapshot file to its blob (a relative symlink, or a copy where
+# links are off): private, but the one huggingface_hub uses, so the layout stays its own.
+from huggingface_hub.file_download import (
+    _create_symlink,  # pyright: ignore[reportPrivateUsage]
+    http_get,  # pyright: ignore[reportUnknownVariableType]
+)
+from huggingface_hub.hf_api import RepoSibling
 from huggingface_hub.utils import (
     build_hf_headers,  # pyright: ignore[reportUnknownVariableType]
     filter_repo_objects,
+    validate_repo_id,
 )
+from pydantic import Field, ValidationError
+from pydantic_core import ErrorDetails
 
-from engine.errors import EngineError
-from engine.models import INDEX_FILE, hf_cache_dir, layer_of, missing_weight_files, shard_files
+from engine.errors import EngineError, ModelFormatError
+from engine.models import (
+    INDEX_FILE,
+    hf_cache_dir,
+    layer_of,
+    missing_weight_files,
+    shard_files,
+    weight_index,
+)
 from engine.types import Frozen
+from exo_tui.hub_names import GitHash, RepoFileName, Sha256, check_hash, relative_path_problem
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-_COMMIT = re.compile(r"[0-9a-f]{40}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 # Attempts at a file whose bytes do not match its hash before giving up.
 _FETCH_ATTEMPTS = 2
 
@@ -112,6 +127,21 @@ class DownloadCancelled(DownloadError):
     pass
 
 
+class HubAnswerError(DownloadError):
+    """The hub's answer about a repo cannot be used: a hash or name in it is not one."""
+
+    def __init__(self, settings: HubSettings, repo_id: str, detail: str) -> None:
+        super().__init__(
+            f"The hub at {settings.endpoint} sent an unusable answer about {repo_id}: {detail}",
+            "Nothing of it was written. A broken or hostile mirror answers so: unset HF_ENDPOINT "
+            f"(the default is {DEFAULT_ENDPOINT}) or point it at a mirror you trust",
+        )
+
+
+class OutsideCacheError(DownloadError):
+    """A path to be written resolves outside the repo's cache folder (a link points out)."""
+
+
 # --------------------------------------------------------------------------------------------
 # Where and how to reach the hub
 
@@ -140,26 +170,26 @@ class HubSettings:
 
 
 class RemoteFile(Frozen):
-    """A file of a repo at one commit, as the hub describes it."""
+    """A file of a repo at one commit, as the hub describes it: each name checked, as each
+    becomes part of a path."""
 
-    name: str
-    size: int
-    sha256: str | None = None  # LFS files
-    blob_id: str | None = None  # the git object id
+    name: RepoFileName
+    size: int = Field(ge=0, strict=True)
+    sha256: Sha256 | None = None  # LFS files
+    blob_id: GitHash | None = None  # the git object id
 
     @property
     def etag(self) -> str:
         """The hub's ETag for it, which names its blob in the cache."""
         etag = self.sha256 or self.blob_id
-        if etag is None:
-            raise DownloadError(f"The hub gave no hash for {self.name}", "Try again later")
+        assert etag is not None, "repo_snapshot admits no file without a hash"
         return etag
 
 
 class RepoSnapshot(Frozen):
     repo_id: str
     revision: str
-    commit: str
+    commit: GitHash
     files: tuple[RemoteFile, ...]
 
 
@@ -189,33 +219,31 @@ def _hash_into(digest: Any, path: Path) -> None:
             digest.update(chunk)
 
 
-def _marker(storage: Path, file: RemoteFile) -> Path:
-    return storage / ".exo-tui-verified" / file.etag
-
-
 def _stamp(path: Path) -> str:
     stat = path.stat()
     return f"{stat.st_size}:{stat.st_mtime_ns}"
 
 
-def _matches(path: Path, file: RemoteFile, storage: Path) -> bool:
+def _digest(path: Path, file: RemoteFile) -> str:
+    """The hash of `path` that the hub's hash of `file` is: sha256 (LFS) or the git blob id."""
+    if file.sha256 is not None:
+        digest = hashlib.sha256()
+        _hash_into(digest, path)
+        return digest.hexdigest()
+    return _git_blob_id(path, file.size)
+
+
+def _matches(path: Path, job: _FileJob) -> bool:
     """Size and hash against the hub's; a hash checked once is remembered until the file changes."""
-    if path.stat().st_size != file.size:
+    if path.stat().st_size != job.file.size:
         return False
-    marker = _marker(storage, file)
+    marker = job.marker
     try:
         if marker.read_text() == _stamp(path):
             return True
     except OSError:
         pass
-    if file.sha256 is not None and _SHA256.fullmatch(file.sha256):
-        digest = hashlib.sha256()
-        _hash_into(digest, path)
-        ok = digest.hexdigest() == file.sha256
-    elif file.blob_id is not None:
-        ok = _git_blob_id(path, file.size) == file.blob_id
-    else:
-        ok = True  # nothing to compare with but the size
+    ok = _digest(path, job.file) == job.file.etag
     if ok:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(_stamp(path))
@@ -264,24 +292,76 @@ def _status(error: HfHubHTTPError) -> str:
 
 
 def repo_snapshot(repo_id: str, revision: str, settings: HubSettings) -> RepoSnapshot:
-    """The repo's commit for `revision` and its files with sizes and hashes (one API call)."""
+    """The repo's commit for `revision` and its files with sizes and hashes (one API call).
+
+    Raises HubAnswerError, naming the field, when a hash or a name in the answer is not one."""
     api = HfApi(endpoint=settings.endpoint)
     try:
         info = api.model_info(repo_id, revision=revision, files_metadata=True)
     except (HfHubHTTPError, OfflineModeIsEnabled, httpx2.TransportError) as error:
         raise _hub_error(error, repo_id, revision, settings) from error
-    if info.sha is None:
-        raise DownloadError(f"The hub gave no commit for {repo_id}", "Try again later")
-    files = tuple(
-        RemoteFile(
-            name=s.rfilename,
-            size=s.lfs.size if s.lfs is not None else (s.size or 0),
-            sha256=s.lfs.sha256 if s.lfs is not None else None,
-            blob_id=s.blob_id,
-        )
-        for s in info.siblings or ()
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        # huggingface_hub reads the JSON into its ModelInfo as it comes
+        detail = f"not a model info ({type(error).__name__}: {error})"
+        raise HubAnswerError(settings, repo_id, detail) from error
+    commit = _as_commit(info.sha)
+    if commit is None:
+        detail = f"sha {info.sha!r} is not a commit hash (40 or 64 hex characters)"
+        raise HubAnswerError(settings, repo_id, detail)
+    files: dict[str, RemoteFile] = {}
+    for number, sibling in enumerate(info.siblings or ()):
+        file = _remote_file(number, sibling, settings, repo_id)
+        if file.name in files:
+            detail = f"siblings[{number}].rfilename {file.name!r} lists a file twice"
+            raise HubAnswerError(settings, repo_id, detail)
+        files[file.name] = file
+    return RepoSnapshot(
+        repo_id=repo_id, revision=revision, commit=commit, files=tuple(files.values())
     )
-    return RepoSnapshot(repo_id=repo_id, revision=revision, commit=info.sha, files=files)
+
+
+def _as_commit(sha: object) -> str | None:
+    """`sha` when it is a commit hash (in lower case), else None."""
+    if not isinstance(sha, str):
+        return None
+    try:
+        return check_hash(sha)
+    except ValueError:
+        return None
+
+
+def _remote_file(
+    number: int, sibling: RepoSibling, settings: HubSettings, repo_id: str
+) -> RemoteFile:
+    """One entry of the hub's file list as a RemoteFile; HubAnswerError names a bad field."""
+    lfs = sibling.lfs
+    values: dict[str, object] = {
+        "name": sibling.rfilename,
+        "size": lfs.size if lfs is not None else sibling.size,
+        "sha256": lfs.sha256 if lfs is not None else None,
+        "blob_id": sibling.blob_id,
+    }
+    hub_field = {"name": "rfilename", "size": "lfs.size" if lfs is not None else "size",
+                 "sha256": "lfs.sha256", "blob_id": "blobId"}  # fmt: skip
+    try:
+        file = RemoteFile.model_validate(values)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "name"
+        detail = f"siblings[{number}].{hub_field[field]} {values[field]!r} {_reason(first)}"
+        raise HubAnswerError(settings, repo_id, detail) from error
+    if file.sha256 is None and file.blob_id is None:
+        detail = f"siblings[{number}] ({file.name}) gives no hash to check it by (blobId)"
+        raise HubAnswerError(settings, repo_id, detail)
+    return file
+
+
+def _reason(error: ErrorDetails) -> str:
+    """pydantic's complaint, or the one our validator raised (hub_names says why a name is bad)."""
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, ValueError):
+        return str(cause)
+    return error["msg"][:1].lower() + error["msg"][1:]
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,17 +403,28 @@ class _FileJob:
     def storage(self) -> Path:
         return self.settings.storage(self.snapshot.repo_id)
 
+    # The paths this job writes, each checked to stay in the repo's folder. Those it replaces
+    # or links are checked up to their folder; those it writes into, through the file itself.
+
     @property
     def blob(self) -> Path:
-        return self.storage / "blobs" / self.file.etag
+        return inside_storage(self.storage, self.storage / "blobs" / self.file.etag)
 
     @property
     def pointer(self) -> Path:
-        return self.storage / "snapshots" / self.snapshot.commit / self.file.name
+        pointer = self.storage / "snapshots" / self.snapshot.commit / self.file.name
+        return inside_storage(self.storage, pointer)
 
     @property
     def partial(self) -> Path:
-        return self.storage / "blobs" / f"{self.file.etag}.incomplete"
+        partial = self.storage / "blobs" / f"{self.file.etag}.incomplete"
+        return inside_storage(self.storage, partial, through_link=True)
+
+    @property
+    def marker(self) -> Path:
+        """Its verified-marker: the size and mtime its blob had when its hash matched."""
+        marker = self.storage / ".exo-tui-verified" / self.file.etag
+        return inside_storage(self.storage, marker, through_link=True)
 
     def stored(self) -> Path | None:
         """The file's bytes in the cache: its blob, or the snapshot file when links are off."""
@@ -352,11 +443,25 @@ class _FileJob:
         return 0
 
 
+def inside_storage(storage: Path, path: Path, *, through_link: bool = False) -> Path:
+    """`path`, once it is sure to resolve inside `storage` (the repo's cache folder): its folder,
+    or with `through_link` the path itself, since writing into a link writes where it points."""
+    resolved = path.resolve() if through_link else path.parent.resolve() / path.name
+    root = storage.resolve()
+    if not resolved.is_relative_to(root):
+        raise OutsideCacheError(
+            f"{path} resolves to {resolved}, outside the cache's folder {root}: "
+            "a link inside it points out",
+            "Remove that link; to keep the cache on another disk, point HF_HUB_CACHE there",
+        )
+    return path
+
+
 def _fetch_file(job: _FileJob, report: Callable[[int], None]) -> Path:
     """Make one file present and verified in the cache; returns its snapshot path."""
     stored = job.stored()
     if stored is not None:
-        if _matches(stored, job.file, job.storage):
+        if _matches(stored, job):
             report(job.file.size)
             return _link(job)
         stored.unlink()  # wrong size or hash: fetch it again rather than load it
@@ -368,7 +473,7 @@ def _fetch_file(job: _FileJob, report: Callable[[int], None]) -> Path:
             if job.partial.is_file() and job.partial.stat().st_size == 0:
                 job.partial.unlink()  # nothing to resume
             raise
-        if _matches(job.partial, job.file, job.storage):
+        if _matches(job.partial, job):
             break
         job.partial.unlink()
         if attempt == _FETCH_ATTEMPTS:
@@ -379,7 +484,7 @@ def _fetch_file(job: _FileJob, report: Callable[[int], None]) -> Path:
             )
     stamp = _stamp(job.partial)
     os.replace(job.partial, job.blob)
-    _marker(job.storage, job.file).write_text(stamp)  # a rename keeps size and mtime
+    job.marker.write_text(stamp)  # a rename keeps size and mtime
     return _link(job)
 
 
@@ -412,15 +517,16 @@ def _resume_into_partial(job: _FileJob, report: Callable[[int], None]) -> None:
 
 
 def _link(job: _FileJob) -> Path:
-    """huggingface_hub links the verified blob into the snapshot (it finds the blob in place)."""
-    path = hf_hub_download(
-        job.snapshot.repo_id,
-        job.file.name,
-        revision=job.snapshot.commit,
-        cache_dir=job.settings.cache_dir,
-        endpoint=job.settings.endpoint,
-    )
-    return Path(path)
+    """Link the verified blob into the snapshot as huggingface_hub does (no request: a link to
+    the blob, or the file itself where links are off, stays as it is)."""
+    pointer, blob = job.pointer, job.blob
+    if pointer.is_symlink() and pointer.resolve() == blob.resolve():
+        return pointer
+    if not pointer.is_symlink() and pointer.is_file():
+        return pointer  # links are off: _fetch_file checked this copy (or its blob) already
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    _create_symlink(str(blob), str(pointer), new_blob=False)
+    return pointer
 
 
 # --------------------------------------------------------------------------------------------
@@ -457,6 +563,7 @@ def download(
     what was asked for. Setting `cancel` stops the download (DownloadCancelled); partial files
     are kept, and the next call resumes them.
     """
+    check_request(repo_id, revision)
     settings = HubSettings.from_env()
     if settings.offline:
         reason = HubOfflineError(
@@ -476,6 +583,24 @@ def download(
     yield from _run_jobs(jobs, cancel, max_workers)
     _write_ref(settings.storage(repo_id), revision, snapshot.commit)
     return settings.storage(repo_id) / "snapshots" / snapshot.commit
+
+
+def check_request(repo_id: str, revision: str) -> None:
+    """Refuse a repo id or revision that would not name a folder inside the cache."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise DownloadError(
+            f"{repo_id!r} is not a repo id of the hub ({error})",
+            "Name a model repo as org/name, e.g. mlx-community/Qwen3-0.6B-4bit",
+        ) from error
+    problem = relative_path_problem(revision)
+    if problem is not None:
+        raise DownloadError(
+            f"The revision {revision!r} asked of {repo_id} {problem}: it is not a branch, tag or "
+            "commit",
+            "Use an existing branch, tag or commit (default: main)",
+        )
 
 
 def _select(
@@ -501,7 +626,15 @@ def _select(
     if index is None:
         return files  # one safetensors file holds every layer
     index_path = _fetch_file(_FileJob(snapshot, index, settings), lambda _: None)
-    index_json = cast(dict[str, Any], json.loads(Path(index_path).read_text(encoding="utf-8")))
+    try:
+        index_json = weight_index(index_path.parent)
+    except ModelFormatError as error:
+        raise DownloadError(
+            f"{snapshot.repo_id}'s {INDEX_FILE} cannot say which files hold which layers: "
+            f"{error.cause}",
+            "Download the whole model instead (exo-tui models download without --layers)",
+        ) from error
+    assert index_json is not None, "_fetch_file put the index there"
     in_index = _index_layers(index_json)
     if total_layers is not None and in_index != total_layers:
         raise DownloadError(
@@ -553,9 +686,13 @@ def _run_jobs(
             raise _Stopped
         events.put(_Landed(name, file_bytes))
 
+    # Files with the same bytes share one blob (and one partial file): one at a time each.
+    blob_locks = {job.file.etag: threading.Lock() for job in jobs}
+
     def run(job: _FileJob) -> None:
         try:
-            _fetch_file(job, partial(report, job.file.name))
+            with blob_locks[job.file.etag]:
+                _fetch_file(job, partial(report, job.file.name))
             events.put(_Finished(job.file.name, None))
         except BaseException as error:  # handed to the consuming thread, which raises it
             events.put(_Finished(job.file.name, error))
@@ -623,11 +760,11 @@ def _write_ref(storage: Path, revision: str, commit: str) -> None:
     """Record which commit a branch or tag named, as huggingface_hub does (refs/<revision>)."""
     if revision == commit:
         return
-    ref = storage / "refs" / revision
+    ref = inside_storage(storage, storage / "refs" / revision)
     ref.parent.mkdir(parents=True, exist_ok=True)
     if ref.is_file() and ref.read_text() == commit:
         return
-    tmp = ref.with_name(f".{ref.name}.tmp")
+    tmp = inside_storage(storage, ref.with_name(f".{ref.name}.tmp"), through_link=True)
     tmp.write_text(commit)
     os.replace(tmp, ref)
 
@@ -645,10 +782,10 @@ def cached_snapshot(
 ) -> Path:
     """The cached snapshot of `revision` when it holds the weights asked for; else the error."""
     storage = settings.storage(repo_id)
-    commit: str | None = revision if _COMMIT.fullmatch(revision) else None
+    commit = _as_commit(revision)
     ref = storage / "refs" / revision
     if commit is None and ref.is_file():
-        commit = ref.read_text().strip()
+        commit = _as_commit(ref.read_text().strip())  # older tools wrote what the hub said
     snapshot = storage / "snapshots" / (commit or "-")
     if commit is None or not (snapshot / "config.json").is_file():
         raise why_not_online

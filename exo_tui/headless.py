@@ -52,16 +52,37 @@ def default_model_spec(models_dirs: list[Path] | None) -> str:
 
 def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None:
-        return str(args.prompt)
+        return utf8_text(str(args.prompt), "--prompt")
     if sys.stdin.isatty():
         raise EngineError("No prompt given", "Pass --prompt TEXT or pipe the message on stdin")
-    return sys.stdin.read()
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise EngineError(
+            f"Standard input is not UTF-8 text: byte 0x{data[error.start]:02x} at offset "
+            f"{error.start} is not valid UTF-8",
+            "Pipe the message as UTF-8 (e.g. through `iconv -t UTF-8`), or pass --prompt TEXT",
+        ) from None
+
+
+def utf8_text(text: str, option: str) -> str:
+    """`text` from the command line, which Python decodes with surrogates for bytes that are
+    not UTF-8 (the tokenizer and the wire refuse them later, with a traceback)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise EngineError(
+            f"{option} is not UTF-8 text: character {error.start} is a byte that is not UTF-8",
+            "Pass the text in UTF-8",
+        ) from None
+    return text
 
 
 def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
     messages: list[Message] = []
     if args.system:
-        messages.append(Message(role="system", content=args.system))
+        messages.append(Message(role="system", content=utf8_text(args.system, "--system")))
     messages.append(Message(role="user", content=prompt))
     return ChatRequest(
         messages=tuple(messages),
@@ -75,6 +96,7 @@ def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
 def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     from engine.generate import validate
     from engine.loading import load_model, run_loading
+    from engine.models import require_weight_files
     from exo_tui.conversation import chat_turn
     from exo_tui.tools import builtin_registry, local_cluster_status
 
@@ -82,8 +104,11 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
     request = build_request(args, prompt)
     validate(request)  # a bad request fails before minutes of loading
     card = chat_card(args.model or default_model_spec(args.models_dir), args.models_dir)
-    if cluster is None and (card.layers_on_disk is not None or card.source == "hf_cache"):
-        card = downloaded(card, args.json)  # nothing, or the rest, of a catalogue model
+    if cluster is None and card.source == "hf_cache":
+        card = downloaded(card, args.json)  # nothing, or the rest, of a hub model
+    elif cluster is None and card.layers_on_disk is not None:
+        # A folder outside the hub cache is no hub repo: name the files it lacks, ask no hub.
+        require_weight_files(Path(card.path), name=card.name)
     registry = builtin_registry(lambda: local_cluster_status(card.name))
     if not args.no_tools:
         request = request.model_copy(update={"tools": registry.specs})

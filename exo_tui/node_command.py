@@ -6,6 +6,7 @@ per event on stdout instead (what scripts and the tests read).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import anyio
 
+from engine.errors import EngineError
 from exo_tui.cluster.node import ClusterSetup, Foreign, NodeOptions, machine_node
 from exo_tui.cluster.state import ClusterEvent, NodeLost, StatsUpdated
 from exo_tui.store.identity import ClusterKey, NodeIdentity
@@ -115,5 +117,46 @@ def run_node(
     as_json: bool,
 ) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    anyio.run(serve, identity, key, options, models_dirs, as_json)
+    try:
+        anyio.run(serve, identity, key, options, models_dirs, as_json)
+    except BaseExceptionGroup as group:  # the task group wraps what went wrong
+        raise listen_error(group, options) or group from None
     return 0
+
+
+def listen_error(
+    group: BaseExceptionGroup[BaseException], options: NodeOptions
+) -> EngineError | None:
+    """What the user can do about a control port that could not be opened, when that is what
+    went wrong (the error is in `group`, from the listener that Node.run opens first)."""
+    where = f"{options.bind}:{options.port}"
+    for error in _leaves(group):
+        if not isinstance(error, OSError):
+            continue
+        if error.errno == errno.EADDRINUSE:
+            return EngineError(
+                f"Cannot listen on {where}: port {options.port} is in use (another exo-tui node?)",
+                "Stop the other process, or pass --port N (0: any free port)",
+            )
+        if error.errno == errno.EADDRNOTAVAIL:
+            return EngineError(
+                f"Cannot listen on {where}: {options.bind} is not an address of this machine",
+                "Pass one of its addresses with --interface (`ip -brief address` lists them), "
+                "or leave --interface out",
+            )
+        if error.errno == errno.EACCES:
+            return EngineError(
+                f"Cannot listen on {where}: port {options.port} needs privileges",
+                "Pass --port N with N above 1023",
+            )
+    return None
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            found += _leaves(error)  # pyright: ignore[reportUnknownArgumentType]
+        else:
+            found.append(error)
+    return found

@@ -125,6 +125,16 @@ class HubServer:
             self.served.clear()
             self.api_calls = 0
 
+    # -- what a hostile hub (tests/hostile_hub.py) changes in its answers
+
+    def model_info(self, repo: HubRepo, info: dict[str, object]) -> dict[str, object]:
+        """The JSON that `GET /api/models/{repo}/revision/{rev}` answers."""
+        return info
+
+    def file_headers(self, repo: HubRepo, name: str, headers: dict[str, str]) -> dict[str, str]:
+        """The headers of an answer about `name` (HEAD or GET, a redirect or the bytes)."""
+        return headers
+
     # -- what the handler asks
 
     def _record(self, served: Served) -> None:
@@ -216,7 +226,7 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 siblings.append(sibling)
             info = {"id": repo_id, "modelId": repo_id, "sha": repo.commit, "private": False,
                     "gated": False, "siblings": siblings}  # fmt: skip
-            payload = json.dumps(info).encode()
+            payload = json.dumps(hub.model_info(repo, info)).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(payload)))
@@ -234,13 +244,14 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 # The hub sends LFS files from a CDN: a redirect that names the blob and its size.
                 sha = repo.sha256(name)
                 self.send_response(302)
-                self.send_header("Location", f"{hub.endpoint}/cdn/{sha}")
-                self.send_header("X-Repo-Commit", repo.commit)
-                self.send_header("X-Linked-Etag", f'"{sha}"')
-                self.send_header("X-Linked-Size", str(len(repo.files[name])))
-                self.send_header("ETag", f'"{git_blob_id(b"pointer")}"')
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self._send_headers(repo, name, {
+                    "Location": f"{hub.endpoint}/cdn/{sha}",
+                    "X-Repo-Commit": repo.commit,
+                    "X-Linked-Etag": f'"{sha}"',
+                    "X-Linked-Size": str(len(repo.files[name])),
+                    "ETag": f'"{git_blob_id(b"pointer")}"',
+                    "Content-Length": "0",
+                })  # fmt: skip
                 return
             self._send_file(repo, name, body=body, etag=git_blob_id(repo.files[name]))
 
@@ -263,11 +274,12 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             else:
                 chunk = data
                 self.send_response(200)
-            self.send_header("Content-Length", str(len(chunk)))
-            self.send_header("ETag", f'"{etag}"')
-            self.send_header("X-Repo-Commit", repo.commit)
-            self.send_header("Accept-Ranges", "bytes")
-            self.end_headers()
+            self._send_headers(repo, name, {
+                "Content-Length": str(len(chunk)),
+                "ETag": f'"{etag}"',
+                "X-Repo-Commit": repo.commit,
+                "Accept-Ranges": "bytes",
+            })  # fmt: skip
             if not body:
                 hub._record(Served("HEAD", name, start, 0, 200))
                 return
@@ -286,6 +298,11 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
                 return
             self.wfile.write(chunk)
             hub._record(Served("GET", name, start, len(chunk), 206 if match else 200))
+
+        def _send_headers(self, repo: HubRepo, name: str, headers: dict[str, str]) -> None:
+            for key, value in hub.file_headers(repo, name, headers).items():
+                self.send_header(key, value)
+            self.end_headers()
 
         def _error(
             self, status: int, code: str | None, message: str = "", commit: str | None = None

@@ -292,3 +292,36 @@ def hub_cache_parent() -> Path:
 def test_index_fixture_is_sharded_as_the_tests_assume(tiny_sharded: Path) -> None:
     index = json.loads((tiny_sharded / "model.safetensors.index.json").read_text())
     assert sorted(set(index["weight_map"].values())) == SHARDS
+
+
+def test_where_links_are_off_the_snapshot_holds_copies_and_a_second_run_fetches_nothing(
+    hub: HubServer, tiny_sharded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_DISABLE_SYMLINKS", True)
+    done = run(download(REPO))
+    assert same_files(done.snapshot, tiny_sharded)
+    assert not any(p.is_symlink() for p in done.snapshot.iterdir())
+    hub.reset_counts()
+    assert run(download(REPO)).snapshot == done.snapshot
+    assert hub.bytes_served() == 0
+
+
+def test_files_with_the_same_bytes_share_one_blob_and_all_land(
+    tiny_sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Their hashes name one blob and one partial file: fetched at once, they spoiled it."""
+    folder = shutil.copytree(tiny_sharded, tmp_path / "with-copies")
+    for n in range(3):
+        shutil.copy(folder / "tokenizer.json", folder / f"tokenizer-copy-{n}.json")
+        shutil.copy(folder / SHARDS[1], folder / f"copy-{n}.safetensors")
+    with HubServer() as server:
+        server.add_repo(REPO, folder)
+        use_hub(monkeypatch, server, tmp_path / "hf-home", tmp_path / "hf-cache")
+        done = run(download(REPO))
+        assert same_files(done.snapshot, folder)
+        # Each distinct blob came down once.
+        assert server.bytes_served() == sum(
+            len(data) for data in {p.read_bytes() for p in folder.iterdir()}
+        )

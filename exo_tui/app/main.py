@@ -2,7 +2,8 @@
 
 The app renders state and turns keys into commands. Cluster state changes only through the pure
 reducer (`exo_tui.cluster.state.apply`); loading and generation run in thread workers and come
-back as messages; chats are written to the store as they happen.
+back as messages; each finished turn is written to the store whole, and kept in memory until
+the store takes it. Quitting stops the MLX work and waits for it, then checkpoints the store.
 """
 
 from __future__ import annotations
@@ -29,20 +30,24 @@ from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState, get_current_worker
 
 from engine.errors import EngineError
-from engine.generate import CancelToken, prefill_next_turn
+from engine.generate import CancelToken, prefill_next_turn, wait_for_streams
 from engine.loading import LoadedModel
+from engine.models import require_weight_files
 from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, TextChunk
 from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
+from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.failures import cluster_failure
+from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keymap import KeymapError, load_keymap
 from exo_tui.app.pacing import RedrawPacer, thread_cpu_clock
-from exo_tui.app.screens.chats import ChatsScreen
+from exo_tui.app.screens.chats import ChatsScreen, write_export
 from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
 from exo_tui.app.screens.help import HelpScreen
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.screens.nodes import Cancelled as NODES_CANCELLED
 from exo_tui.app.screens.nodes import NodesScreen
+from exo_tui.app.unsaved import UnsavedTurns
 from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
 from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.launch import LaunchPanel
@@ -76,7 +81,14 @@ from exo_tui.cluster.state import (
 )
 from exo_tui.conversation import GenerateFn, TurnEvent, chat_turn
 from exo_tui.rate import NoticeRate
-from exo_tui.store.chats import ChatStore, ChatSummary, open_chat_store
+from exo_tui.store.chats import (
+    ChatStore,
+    ChatStoreError,
+    ChatSummary,
+    new_chat,
+    open_chat_store,
+    render_markdown,
+)
 from exo_tui.store.paths import config_dir, data_dir
 from exo_tui.tools import builtin_registry
 
@@ -92,6 +104,9 @@ GIL_SWITCH_INTERVAL_S = 0.001
 REFUSAL_NOTICE_EVERY_S = 10.0  # refused peers are all listed; pop-ups about them, no oftener
 REFUSED_REMEMBERED = 1024  # addresses already said in a notice
 SYSTEM_PROMPT = "You are exo-tui's assistant. Use the tools when they help; answer briefly."
+SAVE_RETRY_S = 5.0  # how often turns the store refused are tried again
+# How long quitting waits for MLX work to stop (it stops within one step) and a history write.
+QUIT_WAIT_S = 60.0
 
 
 class ClusterChanged(TextualMessage):
@@ -124,6 +139,14 @@ class TurnEnded(TextualMessage):
         super().__init__()
         self.added = added
         self.error = error
+
+
+class HistorySaved(TextualMessage):
+    """A save of the waiting turns ended: `problem` says why they are not in yet (None: saved)."""
+
+    def __init__(self, problem: str | None) -> None:
+        super().__init__()
+        self.problem = problem
 
 
 class ExoTuiApp(App[None]):
@@ -163,6 +186,9 @@ class ExoTuiApp(App[None]):
         self.placement: Placement | PlacementError | None = None
         self.loaded: LoadedModel | None = None
         self.store: ChatStore | None = None
+        self.unsaved: UnsavedTurns | None = None
+        self._save_problem: str | None = None  # the one the user was last told of
+        self._in_flight = WorkInFlight()
         self.chat: ChatSummary | None = None
         self.messages: list[Message] = []
         self._answer: AnswerView | None = None
@@ -201,6 +227,7 @@ class ExoTuiApp(App[None]):
         self.dispatch(NodeSeen(stats=self._node_stats(()), at=time.time()))
         self.set_interval(1.0, self._refresh_local_stats)
         self._open_store()
+        self.set_interval(SAVE_RETRY_S, self._retry_save)
         self._find_models()
         if self._cluster is not None:
             # A small model is best on this node alone; F2 chooses others to place across.
@@ -499,13 +526,7 @@ class ExoTuiApp(App[None]):
         elif not self._on_disk(self.card):
             entry = self._catalogue_entry(self.card.name)
             if entry is None:
-                have = self.card.partial_note or "nothing"
-                self.notify(
-                    f"Cannot load {self.card.name} on this node alone: {have}. Place it across "
-                    "the nodes that hold the rest (F2), or download it: exo-tui models download",
-                    severity="error",
-                    timeout=10,
-                )
+                self.notify(cannot_load_alone(self.card), severity="error", timeout=10)
             else:
                 self._offer_download(entry, *self._fit(self.card))
             return
@@ -572,10 +593,15 @@ class ExoTuiApp(App[None]):
 
     @work(thread=True, exclusive=True, group="load")
     def _load(self, card: ModelCard) -> None:
+        worker = get_current_worker()
+        with self._in_flight.running() as allowed:
+            if allowed:
+                ENGINE_THREAD.run(lambda: self._load_layers(card, worker))
+
+    def _load_layers(self, card: ModelCard, worker: Worker[None]) -> None:
         from engine.loading import load_model
 
         node = self.local_id
-        worker = get_current_worker()
         post = self.post_message
         try:
             loading = load_model(Path(card.path))
@@ -652,6 +678,7 @@ class ExoTuiApp(App[None]):
     def _open_store(self) -> None:
         opened = open_chat_store(self._chat_db)
         self.store = opened.store
+        self.unsaved = UnsavedTurns(opened.store)
         if opened.notice:
             self.notify(opened.notice, severity="warning", timeout=15)
 
@@ -684,14 +711,14 @@ class ExoTuiApp(App[None]):
         self._cancel = threading.Event()
         self._prefill_cancel.set()  # stop prefilling for this turn: it is here
         self._prefill_cancel = threading.Event()
-        self._generate(answerer, request, self._answer, self._cancel)
-        await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
-        if self.chat is None and self.store is not None:
-            self.chat = self.store.create_chat(card.name)
+        opening: tuple[Message, ...] = (user,)
+        if self.chat is None:  # in memory: the store gets it with its first turn
+            self.chat = new_chat(card.name)
             self.messages = []
-            for message in earlier:  # the system prompt that opens a chat
-                self._remember(message)
-        self._remember(user)
+            opening = (*earlier, user)  # the system prompt that opens a chat
+        self._generate(answerer, request, self._answer, self._cancel, self.chat, opening)
+        await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
+        self.messages.extend(opening)
         shown = self.query_one(ChatPane).add_turn(event.text, self._answer)
         for node_id in self._serving_nodes():
             self.dispatch(GenerationStarted(node_id=node_id))
@@ -699,7 +726,7 @@ class ExoTuiApp(App[None]):
 
     def _history_before_prompt(self) -> tuple[Message, ...]:
         """The messages the next prompt follows: a new chat starts with the system prompt."""
-        if self.chat is None and self.store is not None:
+        if self.chat is None:
             return (Message(role="system", content=SYSTEM_PROMPT),)
         return tuple(self.messages)
 
@@ -724,6 +751,13 @@ class ExoTuiApp(App[None]):
     def _prefill(
         self, loaded: LoadedModel, request: ChatRequest, draft: str, cancel: threading.Event
     ) -> None:
+        with self._in_flight.running() as allowed:
+            if allowed:
+                ENGINE_THREAD.run(lambda: self._prefill_draft_now(loaded, request, draft, cancel))
+
+    def _prefill_draft_now(
+        self, loaded: LoadedModel, request: ChatRequest, draft: str, cancel: threading.Event
+    ) -> None:
         with self._engine_lock:  # after the answer (and its own prefill) let go of the model
             if not cancel.is_set():
                 prefill_next_turn(loaded, request, cancel, draft)
@@ -733,11 +767,6 @@ class ExoTuiApp(App[None]):
         instance = self.state.instance
         return instance.placement.node_ids if instance is not None else (self.local_id,)
 
-    def _remember(self, message: Message) -> None:
-        self.messages.append(message)
-        if self.store is not None and self.chat is not None:
-            self.store.append(self.chat.id, message)
-
     @work(thread=True, group="chat")
     def _generate(
         self,
@@ -745,17 +774,42 @@ class ExoTuiApp(App[None]):
         request: ChatRequest,
         answer: AnswerView,
         cancel: threading.Event,
+        chat: ChatSummary,
+        opening: tuple[Message, ...],
     ) -> None:
+        """Answer, save the turn (`opening` and what the answer added), then prefill the next."""
         prefill_cancel = self._prefill_cancel  # the next prompt (or an unload) sets it
+        with self._in_flight.running() as allowed:
+            if not allowed:
+                return
+            added = ENGINE_THREAD.run(lambda: self._answer_turn(answerer, request, answer, cancel))
+            # Saved here, not from TurnEnded: a quit mid-answer still saves what was answered;
+            # and off the MLX thread, so a store waiting out a lock does not hold up the model.
+            if self.unsaved is not None:
+                self.unsaved.add(chat, (*opening, *(added or [])))
+                self.post_message(HistorySaved(self.unsaved.save()))
+            if added is not None and isinstance(answerer, LoadedModel):
+                # While the user reads and types, prefill the history as the next turn will
+                # see it; sending the next message stops this within one step.
+                history = request.model_copy(update={"messages": (*request.messages, *added)})
+                ENGINE_THREAD.run(lambda: self._prefill_history(answerer, history, prefill_cancel))
+
+    def _answer_turn(
+        self,
+        answerer: LoadedModel | GenerateFn,
+        request: ChatRequest,
+        answer: AnswerView,
+        cancel: threading.Event,
+    ) -> list[Message] | None:
         with self._engine_lock:  # after any next-turn prefill has stopped
-            added = self._run_turn(answerer, request, answer, cancel)
-        if added is not None and isinstance(answerer, LoadedModel):
-            # While the user reads and types, prefill the history as the next turn will see
-            # it; sending the next message stops this within one step.
-            history = request.model_copy(update={"messages": (*request.messages, *added)})
-            with self._engine_lock:
-                if not prefill_cancel.is_set():
-                    prefill_next_turn(answerer, history, prefill_cancel)
+            return self._run_turn(answerer, request, answer, cancel)
+
+    def _prefill_history(
+        self, loaded: LoadedModel, history: ChatRequest, cancel: threading.Event
+    ) -> None:
+        with self._engine_lock:
+            if not cancel.is_set():
+                prefill_next_turn(loaded, history, cancel)
 
     def _run_turn(
         self,
@@ -805,12 +859,36 @@ class ExoTuiApp(App[None]):
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:
         self._set_generating(False)
-        for added in message.added:
-            self._remember(added)
+        self.messages.extend(message.added)
         if message.error:
             self.notify(message.error, severity="error", timeout=10)
         for node_id in self._serving_nodes():
             self.dispatch(GenerationFinished(node_id=node_id))
+
+    def _retry_save(self) -> None:
+        if self.unsaved is not None and self.unsaved.waiting:
+            self._save_waiting()
+
+    @work(thread=True, exclusive=True, group="save")
+    def _save_waiting(self) -> None:
+        with self._in_flight.running() as allowed:
+            if allowed and self.unsaved is not None:
+                self.post_message(HistorySaved(self.unsaved.save()))
+
+    @on(HistorySaved)
+    def _history_saved(self, message: HistorySaved) -> None:
+        """Say once that history is not being saved, and why; and say when it is again."""
+        problem = message.problem
+        if problem is not None and problem != self._save_problem:
+            self.notify(
+                f"History could not be saved: {problem} This chat is kept here and saved as soon "
+                "as the database takes it.",
+                severity="error",
+                timeout=15,
+            )
+        elif problem is None and self._save_problem is not None:
+            self.notify("History is saved again.")
+        self._save_problem = problem
 
     def _set_generating(self, generating: bool) -> None:
         self._generating = generating
@@ -842,19 +920,29 @@ class ExoTuiApp(App[None]):
         def reopen(chat: ChatSummary | None) -> None:
             if chat is None:
                 return
+            try:
+                stored = store.messages(chat.id)
+            except ChatStoreError as error:
+                self.notify(f"Could not open the chat: {error}", severity="error", timeout=10)
+                return
             self.chat = chat
-            self.messages = store.messages(chat.id)
+            waiting = self.unsaved.of(chat.id) if self.unsaved is not None else []
+            self.messages = [*stored, *waiting]
             self.query_one(ChatPane).show_messages(self.messages)
 
         self.push_screen(ChatsScreen(store, export_dir=data_dir() / "exports"), reopen)
 
     def action_export_chat(self) -> None:
-        if self.store is None or self.chat is None:
+        if self.chat is None or not self.messages:
             self.notify("Nothing to export yet.")
             return
-        from exo_tui.app.screens.chats import export_chat
-
-        path = export_chat(self.store, self.chat, data_dir() / "exports")
+        # From memory: it holds the turns the store has not taken yet too.
+        markdown = render_markdown(self.chat, self.messages)
+        try:
+            path = write_export(data_dir() / "exports", self.chat, markdown)
+        except OSError as error:
+            self.notify(f"Could not export the chat: {error}", severity="error", timeout=10)
+            return
         self.notify(f"Exported to {path}")
 
     def action_copy_answer(self) -> None:
@@ -865,15 +953,28 @@ class ExoTuiApp(App[None]):
         self.copy_to_clipboard(answers[-1].text)
         self.notify("Copied the last answer.")
 
-    def on_unmount(self) -> None:
+    async def on_unmount(self) -> None:
         sys.setswitchinterval(self._switch_interval)
-        # Quitting mid-answer: let the generation thread stop at its next token.
+        # Quitting mid-answer, mid-prefill or mid-load: each stops at its next step.
         self._cancel.set()
+        self._prefill_cancel.set()
         self.workers.cancel_group(self, "load")
         # The ranks this node runs for an instance stop with the app (the node's own shutdown
         # runs in a worker that may not get to finish).
         if self._node is not None and self._node.host is not None:
             self._node.host.close_now()
+        # Waited for off the event loop: a cluster answer's chunks come through it.
+        await asyncio.to_thread(self._finish_work)
+
+    def _finish_work(self) -> None:
+        """Join the MLX work and history writes, then save what waits and checkpoint the store."""
+        if not self._in_flight.close(QUIT_WAIT_S):
+            return  # still busy: the store stays open (its writes are durable), nothing waits
+        ENGINE_THREAD.run(wait_for_streams)  # on the thread that ran the work
+        if self.unsaved is not None:
+            self.unsaved.save()
+        if self.store is not None:
+            self.store.close()
 
     # Help and keys
 
@@ -908,4 +1009,24 @@ def run_app(
         model=model, models_dirs=models_dirs, load=load, node_stats=node_stats, cluster=cluster
     )
     app.run()
+    if app.unsaved is not None and app.unsaved.waiting and app.store is not None:
+        # The screen is gone: the last word on turns the store never took goes to the terminal.
+        print(
+            f"exo-tui: {app.unsaved.waiting} messages could not be saved to {app.store.path}: "
+            f"{app.unsaved.problem}",
+            file=sys.stderr,
+        )
     return 0
+
+
+def cannot_load_alone(card: ModelCard) -> str:
+    """Why `card` cannot load on this node alone: by name, the files its folder lacks."""
+    alone = f"Cannot load {card.name} on this node alone ({card.partial_note or 'nothing on disk'})"
+    try:
+        require_weight_files(Path(card.path), name=card.name)
+    except EngineError as error:
+        return f"{alone}: {error}. F2 places it across the nodes that hold the rest."
+    return (
+        f"{alone}. Place it across the nodes that hold the rest (F2), or download it: "
+        "exo-tui models download"
+    )

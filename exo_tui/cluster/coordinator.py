@@ -174,10 +174,11 @@ class Coordinator:
             self.tasks.start_soon(self._stop_nodes, instance, False, node_id)
 
     async def _next(self, instance: _Instance) -> tuple[str, InstanceReport]:
-        """The next frame about `instance` (frames about earlier ones are dropped)."""
+        """The next frame about `instance` from one of its nodes (frames about earlier ones, or
+        from peers outside the placement, are dropped)."""
         while True:
             node_id, frame = await self._inbox.receive()
-            if frame.instance_id == instance.instance_id:
+            if frame.instance_id == instance.instance_id and node_id in instance.ranks_of:
                 return node_id, frame
 
     # ------------------------------------------------------------------ launch

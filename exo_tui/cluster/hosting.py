@@ -5,7 +5,9 @@ A coordinator may first ask the node to fetch its share of the model's files fro
 called by name from its own store (never a path a peer sent) as its ranks of the ring, in a
 LocalRing whose blocking calls run in worker threads. Progress, rank 0's chunks and failures go
 back to the coordinator.
-When the coordinator goes away, its instances stop: no runner outlives the session that made it.
+An instance belongs to the session that started it: commands about it from any other session are
+refused, and when that session ends its instances stop: no runner outlives the session that made
+it.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import anyio.to_thread
 
 from engine.errors import EngineError
 from engine.models import find_models
-from engine.types import ModelCard
+from engine.types import Chunk, ModelCard
 from exo_tui.cluster.protocol import (
     CancelChat,
     ChatFinished,
     ChatFrame,
     ChunkFrame,
+    CommandRefused,
     FetchDone,
     FetchProgress,
     FetchShard,
@@ -46,7 +49,7 @@ from exo_tui.cluster.protocol import (
     SendFrame,
     StopInstance,
 )
-from exo_tui.cluster.ranks import LocalRing, RingError, free_ports
+from exo_tui.cluster.ranks import LocalRing, RingError, failure_chunks, free_ports
 from exo_tui.cluster.state import HostedRunner
 from exo_tui.downloads import DownloadError, download
 
@@ -55,10 +58,22 @@ log = logging.getLogger(__name__)
 FETCH_REPORT_S = 0.25  # at most this often a download's progress goes to the coordinator
 
 
+@dataclass(frozen=True)
+class Commander:
+    """Who sent a command: the node to answer, and the session it came over (LOCAL: this node's
+    own coordinator). A session, not a node id: a node id is only what a peer says it is."""
+
+    node_id: str
+    session: int
+
+
+LOCAL_SESSION = 0  # sessions over the wire count from 1
+
+
 @dataclass
 class _Hosted:
     instance_id: str
-    coordinator: str
+    owner: Commander  # the session that started it: the only one it takes commands from
     ring: LocalRing | None = None
     fetching: threading.Event | None = None  # set: stop the download
     join: bool = False  # JoinRing came (perhaps before the ring was made)
@@ -116,38 +131,54 @@ class RankHost:
             found.append(HostedRunner(instance_id=hosted.instance_id, ranks=ranks, state=state))
         return tuple(found)
 
-    def handle(self, coordinator: str, frame: HostCommand) -> None:
-        """Act on a coordinator's command; long work runs in its own task."""
+    def handle(self, sender: Commander, frame: HostCommand) -> None:
+        """Act on a coordinator's command; long work runs in its own task. A command about an
+        instance another session started is refused: only its owner may drive it."""
+        hosted = self._hosted.get(frame.instance_id)
+        if hosted is not None and hosted.owner != sender:
+            self._tasks.start_soon(self._send, sender.node_id, self._refusal(hosted, frame))
+            return
         match frame:
-            case FetchShard():
-                self._tasks.start_soon(self._guarded, coordinator, frame, self._fetch)
+            case FetchShard(instance_id=iid):
+                self._hosted.setdefault(iid, _Hosted(iid, sender))
+                self._tasks.start_soon(self._guarded, sender, frame, self._fetch)
             case ReservePorts(instance_id=iid, count=count):
-                self._hosted.setdefault(iid, _Hosted(iid, coordinator))
+                self._hosted.setdefault(iid, _Hosted(iid, sender))
                 ports = tuple(free_ports(count, host="0.0.0.0"))  # the ring binds all interfaces
                 self._tasks.start_soon(
-                    self._send, coordinator, PortsReserved(instance_id=iid, ports=ports)
+                    self._send, sender.node_id, PortsReserved(instance_id=iid, ports=ports)
                 )
-            case LaunchRanks():
-                self._tasks.start_soon(self._guarded, coordinator, frame, self._launch)
-            case JoinRing(instance_id=iid):
-                hosted = self._hosted.get(iid)
+            case LaunchRanks(instance_id=iid):
+                self._hosted.setdefault(iid, _Hosted(iid, sender))
+                self._tasks.start_soon(self._guarded, sender, frame, self._launch)
+            case JoinRing():
                 if hosted is not None:
                     hosted.join = True
                     if hosted.ring is not None:
                         self._tasks.start_soon(anyio.to_thread.run_sync, hosted.ring.join)
             case ChatFrame():
-                self._tasks.start_soon(self._guarded, coordinator, frame, self._chat)
-            case CancelChat(instance_id=iid, request_id=rid):
-                hosted = self._hosted.get(iid)
+                self._tasks.start_soon(self._guarded, sender, frame, self._chat)
+            case CancelChat(request_id=rid):
                 if hosted is not None and rid in hosted.cancels:
                     hosted.cancels[rid].set()
             case StopInstance(instance_id=iid):
                 self._tasks.start_soon(self._stop, iid, True)
 
-    def coordinator_lost(self, coordinator: str) -> None:
-        """Stop every instance `coordinator` started: nobody is left to drive it."""
+    def _refusal(self, hosted: _Hosted, frame: HostCommand) -> CommandRefused:
+        return CommandRefused(
+            instance_id=hosted.instance_id,
+            command=frame.type,
+            reason=(
+                f"node {self.node_name} refuses {frame.type} for instance {hosted.instance_id}: "
+                "another coordinator launched it, and an instance takes commands only from the "
+                "session that launched it; launch an instance of your own"
+            ),
+        )
+
+    def coordinator_lost(self, owner: Commander) -> None:
+        """Stop every instance `owner` started: nobody is left to drive it."""
         for hosted in list(self._hosted.values()):
-            if hosted.coordinator == coordinator:
+            if hosted.owner == owner:
                 self._tasks.start_soon(self._stop, hosted.instance_id, False)
 
     async def stop_all(self) -> None:
@@ -168,16 +199,16 @@ class RankHost:
 
     async def _guarded(
         self,
-        coordinator: str,
+        owner: Commander,
         frame: FetchShard | LaunchRanks | ChatFrame,
-        work: Callable[[str, Any], Coroutine[Any, Any, None]],
+        work: Callable[[Commander, Any], Coroutine[Any, Any, None]],
     ) -> None:
         """Run `work`; anything unexpected fails the instance instead of the node."""
         try:
-            await work(coordinator, frame)
+            await work(owner, frame)
         except Exception as error:  # the node serves other peers and instances: it stays up
             log.exception("instance %s failed", frame.instance_id)
-            hosted = self._hosted.get(frame.instance_id) or _Hosted(frame.instance_id, coordinator)
+            hosted = self._hosted.get(frame.instance_id) or _Hosted(frame.instance_id, owner)
             reason = f"node {self.node_name}: {type(error).__name__}: {error}"
             with anyio.CancelScope(shield=True):
                 await self._failed(hosted, reason)
@@ -186,10 +217,10 @@ class RankHost:
         cards = find_models(self.models_dirs, include_bundled=self.include_bundled)
         return next((card for card in cards if card.name == name), None)
 
-    async def _fetch(self, coordinator: str, frame: FetchShard) -> None:
+    async def _fetch(self, owner: Commander, frame: FetchShard) -> None:
         """Download this node's share of the model from the hub, reporting progress."""
         iid = frame.instance_id
-        hosted = self._hosted.setdefault(iid, _Hosted(iid, coordinator))
+        hosted = self._hosted.setdefault(iid, _Hosted(iid, owner))
         cancel = hosted.fetching = threading.Event()
         last_report = 0.0
 
@@ -211,7 +242,7 @@ class RankHost:
                     files_done=event.files_done,
                     files_total=event.files_total,
                 )
-                anyio.from_thread.run(self._send, coordinator, report)
+                anyio.from_thread.run(self._send, owner.node_id, report)
 
         try:
             await anyio.to_thread.run_sync(fetch, abandon_on_cancel=True)
@@ -225,11 +256,11 @@ class RankHost:
         if self._on_store_changed is not None:
             await anyio.to_thread.run_sync(self._on_store_changed)
         if not hosted.stopped:
-            await self._send(coordinator, FetchDone(instance_id=iid))
+            await self._send(owner.node_id, FetchDone(instance_id=iid))
 
-    async def _launch(self, coordinator: str, frame: LaunchRanks) -> None:
+    async def _launch(self, owner: Commander, frame: LaunchRanks) -> None:
         iid = frame.instance_id
-        hosted = self._hosted.setdefault(iid, _Hosted(iid, coordinator))
+        hosted = self._hosted.setdefault(iid, _Hosted(iid, owner))
         card = await anyio.to_thread.run_sync(self._card, frame.model)
         if hosted.stopped:
             return  # stopped while the model was being found: start nothing
@@ -259,7 +290,7 @@ class RankHost:
                 report = RanksProgress(
                     instance_id=iid, layers_loaded=sum(per_rank.values()), total=total
                 )
-                anyio.from_thread.run(self._send, coordinator, report)
+                anyio.from_thread.run(self._send, owner.node_id, report)
 
         try:
             await anyio.to_thread.run_sync(load, abandon_on_cancel=True)
@@ -272,45 +303,52 @@ class RankHost:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(ring.close)
             return
-        await self._send(coordinator, RanksReady(instance_id=iid, total=total))
+        await self._send(owner.node_id, RanksReady(instance_id=iid, total=total))
 
-    async def _chat(self, coordinator: str, frame: ChatFrame) -> None:
+    async def _chat(self, owner: Commander, frame: ChatFrame) -> None:
         hosted = self._hosted.get(frame.instance_id)
         if hosted is None or hosted.ring is None or not hosted.ring.ready:
             reason = f"node {self.node_name} has no loaded instance {frame.instance_id}"
             await self._send(
-                coordinator, InstanceFailed(instance_id=frame.instance_id, reason=reason)
+                owner.node_id, InstanceFailed(instance_id=frame.instance_id, reason=reason)
             )
             return
         ring = hosted.ring
         cancel = hosted.cancels[frame.request_id] = threading.Event()
         speaks = any(spec.rank == 0 for spec in ring.specs)  # only rank 0 yields the answer
 
+        def answer(chunk: Chunk) -> None:
+            message = ChunkFrame(
+                instance_id=hosted.instance_id, request_id=frame.request_id, chunk=chunk
+            )
+            anyio.from_thread.run(self._send, owner.node_id, message)
+
         def chat() -> None:
-            for chunk in ring.chat(frame.request, cancel):
-                if speaks and ring.failure is None:
-                    message = ChunkFrame(
-                        instance_id=hosted.instance_id, request_id=frame.request_id, chunk=chunk
-                    )
-                    anyio.from_thread.run(self._send, coordinator, message)
+            try:
+                for chunk in ring.chat(frame.request, cancel):
+                    if speaks and ring.failure is None:
+                        answer(chunk)
+            except EngineError as error:  # a request error on every rank: the ring is fine
+                log.warning("request %s failed: %s", frame.request_id, error)
+                if speaks:  # the coordinator shows it, as one machine would
+                    for chunk in failure_chunks(str(error)):
+                        answer(chunk)
 
         try:
             await anyio.to_thread.run_sync(chat, abandon_on_cancel=True)
-        except EngineError as error:  # a request error on every rank: the ring is fine
-            log.warning("request %s failed: %s", frame.request_id, error)
         finally:
             hosted.cancels.pop(frame.request_id, None)
         if ring.failure is not None:
             await self._failed(hosted, f"node {self.node_name}: {ring.failure}")
             return
         await self._send(
-            coordinator, ChatFinished(instance_id=hosted.instance_id, request_id=frame.request_id)
+            owner.node_id, ChatFinished(instance_id=hosted.instance_id, request_id=frame.request_id)
         )
 
     async def _failed(self, hosted: _Hosted, reason: str) -> None:
         await self._stop(hosted.instance_id, False)
         await self._send(
-            hosted.coordinator, InstanceFailed(instance_id=hosted.instance_id, reason=reason)
+            hosted.owner.node_id, InstanceFailed(instance_id=hosted.instance_id, reason=reason)
         )
 
     async def _stop(self, instance_id: str, answer: bool) -> None:
@@ -322,4 +360,4 @@ class RankHost:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(hosted.ring.close)
         if answer:
-            await self._send(hosted.coordinator, InstanceStopped(instance_id=instance_id))
+            await self._send(hosted.owner.node_id, InstanceStopped(instance_id=instance_id))

@@ -16,6 +16,7 @@ TUI folds them into its `ClusterState`, `exo-tui node` logs them.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,7 +31,7 @@ from exo_tui.cluster.admission import Admission
 from exo_tui.cluster.coordinator import Coordinator
 from exo_tui.cluster.descriptors import raise_file_limit
 from exo_tui.cluster.discovery import Advert, Discovery, PeerFound, PeerRemoved
-from exo_tui.cluster.hosting import RankHost
+from exo_tui.cluster.hosting import LOCAL_SESSION, Commander, RankHost
 from exo_tui.cluster.protocol import (
     PROTOCOL_VERSION,
     Frame,
@@ -121,6 +122,7 @@ class _Session:
     frames: FrameStream
     remote_host: str  # the peer's address on this connection: where the ring reaches it
     local_host: str  # ours
+    number: int  # which session this is, for the instances started over it
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
 
 
@@ -151,6 +153,7 @@ class Node:
         self._dialing: set[tuple[str, int]] = set()
         self._admission = Admission()
         self._failure_log = RatePerKey(FAILURE_LOG_EVERY_S)
+        self._session_numbers = itertools.count(LOCAL_SESSION + 1)
         self.port = self.options.port
         self.models_dirs = models_dirs
         self.include_bundled = include_bundled
@@ -295,7 +298,8 @@ class Node:
     async def _session(
         self, frames: FrameStream, peer: PeerInfo, dialer: str, remote: str, local: str
     ) -> None:
-        session = _Session(peer, dialer, frames, remote_host=remote, local_host=local)
+        session = _Session(peer, dialer, frames, remote, local, number=next(self._session_numbers))
+        commander = Commander(node_id=peer.node_id, session=session.number)
         if not self._claim(session):
             await _close(frames, DUPLICATE)
             return
@@ -305,14 +309,16 @@ class Node:
             with session.scope:
                 async with anyio.create_task_group() as tasks:
                     tasks.start_soon(self._send_stats, frames)
-                    reason = await self._receive(frames, peer)
+                    reason = await self._receive(frames, peer, commander)
                     ended = True
                     tasks.cancel_scope.cancel()
         finally:
+            if self.host is not None:
+                # Even a session replaced by a newer one from the same node id: instances belong
+                # to a session, and a newer one may be someone else using that id.
+                self.host.coordinator_lost(commander)
             if self._sessions.get(peer.node_id) is session:
                 del self._sessions[peer.node_id]
-                if self.host is not None:
-                    self.host.coordinator_lost(peer.node_id)
                 if reason is not None:
                     self._on_event(NodeLost(node_id=peer.node_id, reason=reason))
                     self.coordinator.node_lost(peer.node_id, peer.name, reason)
@@ -333,7 +339,7 @@ class Node:
     async def send_to(self, node_id: str, frame: Frame) -> None:
         """Send `frame` to a peer, or hand it to this node's own host or coordinator."""
         if node_id == self.identity.node_id:
-            self._deliver(node_id, frame)
+            self._deliver(Commander(node_id=node_id, session=LOCAL_SESSION), frame)
             return
         session = self._sessions.get(node_id)
         if session is None:
@@ -344,14 +350,14 @@ class Node:
         except (OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as error:
             log.warning("could not send to %s: %s", shown(session.peer.name, NAME_LIMIT), error)
 
-    def _deliver(self, sender: str, frame: Frame) -> bool:
+    def _deliver(self, sender: Commander, frame: Frame) -> bool:
         """Hand an instance frame from `sender` to this node's host (commands) or coordinator
         (reports); False when it is not an instance frame."""
         if isinstance(frame, HostCommand):
             if self.host is not None:
                 self.host.handle(sender, frame)
         elif isinstance(frame, InstanceReport):
-            self.coordinator.feed(sender, frame)
+            self.coordinator.feed(sender.node_id, frame)
         else:
             return False
         return True
@@ -385,7 +391,7 @@ class Node:
                 return
             await anyio.sleep(STATS_INTERVAL_S)
 
-    async def _receive(self, frames: FrameStream, peer: PeerInfo) -> str | None:
+    async def _receive(self, frames: FrameStream, peer: PeerInfo, sender: Commander) -> str | None:
         """Fold the peer's frames into events until it goes quiet or away; return why (None:
         the peer kept another session with us, so nothing was lost)."""
         while True:
@@ -399,7 +405,7 @@ class Node:
                     return "reset the connection"
                 except (anyio.EndOfStream, anyio.IncompleteRead, OSError):
                     return "closed the connection"
-                if self._deliver(peer.node_id, frame):
+                if self._deliver(sender, frame):
                     continue
                 match frame:
                     case StatsFrame(stats=stats) if stats.node_id == peer.node_id:

@@ -18,6 +18,10 @@ one side's proof from being reflected back as the other's. A side that cannot go
 protocol version, a wrong key) sends Refused and raises HandshakeRefused; so does a side that is
 sent Refused. Hello and Challenge keep their shape in every version, so that any two versions can
 at least tell each other which one they speak.
+
+After Welcome both sides seal every frame (`sealed`): keys derived from the cluster key, both
+nonces and the transcript encrypt and authenticate it, and per-direction counts refuse a frame
+that was injected, dropped, replayed or reordered.
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ from pydantic import Field, FiniteFloat, TypeAdapter, ValidationError, field_val
 
 from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, Frozen
+from exo_tui.cluster.sealed import SealBroken, SealedChannel
 from exo_tui.cluster.state import NodeStats
 from exo_tui.untrusted import shown
 
-PROTOCOL_VERSION = 2  # 2: per-node downloads (FetchShard ...), partial models in cards
+# 2: per-node downloads (FetchShard ...), partial models in cards; 3: sealed sessions
+PROTOCOL_VERSION = 3
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 # Until the handshake ends, frames come from anyone: an opening with a long name is under 1 KiB.
 MAX_HANDSHAKE_FRAME_BYTES = 8 * 1024
@@ -257,13 +263,23 @@ class InstanceStopped(Frozen):
     instance_id: str
 
 
+class CommandRefused(Frozen):
+    """Node -> a coordinator: that command is not yours to give (another session launched the
+    instance); the instance goes on untouched."""
+
+    type: Literal["command_refused"] = "command_refused"
+    instance_id: str
+    command: str
+    reason: str
+
+
 # What a coordinator tells the nodes of an instance, and what they report back.
 HostCommand = (
     FetchShard | ReservePorts | LaunchRanks | JoinRing | ChatFrame | CancelChat | StopInstance
 )  # fmt: skip
 InstanceReport = (
     FetchProgress | FetchDone | PortsReserved | RanksProgress | RanksReady | InstanceFailed
-    | ChunkFrame | ChatFinished | InstanceStopped
+    | ChunkFrame | ChatFinished | InstanceStopped | CommandRefused
 )  # fmt: skip
 InstanceFrame = HostCommand | InstanceReport
 
@@ -353,10 +369,20 @@ class FrameStream(anyio.abc.AsyncResource):
         self._send_lock = anyio.Lock()
         self._closed = False
         self.max_frame_bytes = MAX_FRAME_BYTES  # the handshake lowers it while it runs
+        self._channel: SealedChannel | None = None  # set once the handshake has made the keys
+
+    def seal(self, channel: SealedChannel) -> None:
+        """From now on, frames both ways are sealed by `channel` (the handshake's last step)."""
+        self._channel = channel
 
     async def send(self, frame: Frame) -> None:
         data = encode(frame)
         async with self._send_lock:
+            if self._channel is not None:
+                # Sealed under the lock: counts must follow the order frames leave in.
+                payload = data[HEADER.size :]
+                header = HEADER.pack(SealedChannel.sealed_size(len(payload)))
+                data = header + self._channel.seal(payload, header)
             await self._stream.send(data)
 
     async def receive(self) -> Frame:
@@ -367,12 +393,22 @@ class FrameStream(anyio.abc.AsyncResource):
 
     async def receive_payload(self) -> bytes:
         """The next frame's payload, undecoded: its length is checked, nothing else."""
-        (length,) = HEADER.unpack(await self._read_exactly(HEADER.size, between_frames=True))
-        if length > self.max_frame_bytes:
-            limit = self.max_frame_bytes
-            during = " during the handshake" if limit < MAX_FRAME_BYTES else ""
+        header = await self._read_exactly(HEADER.size, between_frames=True)
+        (length,) = HEADER.unpack(header)
+        channel = self._channel
+        limit = self.max_frame_bytes
+        if channel is not None:
+            limit = SealedChannel.sealed_size(limit)
+        if length > limit:
+            during = " during the handshake" if self.max_frame_bytes < MAX_FRAME_BYTES else ""
             raise ProtocolError(f"frame of {length} bytes is over the {limit}-byte limit{during}")
-        return await self._read_exactly(length)
+        body = await self._read_exactly(length)
+        if channel is None:
+            return body
+        try:
+            return channel.open(body, header)
+        except SealBroken as error:
+            raise ProtocolError(str(error)) from None
 
     async def _read_exactly(self, count: int, *, between_frames: bool = False) -> bytes:
         while len(self._buffer) < count:
@@ -442,6 +478,9 @@ async def handshake_client(
         await side.send(Proof(proof=_prove(key, _CLIENT_LABEL, transcript)))
         side.waiting_for = f"{server.name}'s welcome"
         await side.receive(Welcome)
+        frames.seal(
+            SealedChannel.from_handshake(key, nonce, challenge.nonce, transcript, client=True)
+        )
         return server
 
     return await side.run(run, timeout_s)
@@ -486,6 +525,7 @@ async def handshake_server(
         if not _proves(key, _CLIENT_LABEL, transcript, answer.proof):
             await side.refuse_foreign(client)
         await side.send(Welcome())
+        frames.seal(SealedChannel.from_handshake(key, hello.nonce, nonce, transcript, client=False))
         return client
 
     return await side.run(run, timeout_s)

@@ -39,8 +39,10 @@ from engine.blas import machine_cores
 from engine.errors import EngineError, RequestError
 from engine.generate import CancelToken
 from engine.parallel import (
+    ShardError,
     ShardSpec,
     Strategy,
+    check_shard_spec,
     check_shard_specs,
     even_layer_counts,
     pipeline_specs,
@@ -132,6 +134,15 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 def ring_specs(
     card: ModelCard, strategy: Strategy, world_size: int, layer_counts: Sequence[int] | None = None
 ) -> list[ShardSpec]:
+    """One spec per rank; ShardError when `world_size` ranks cannot split `card`."""
+    if world_size < 1:
+        raise ShardError(f"A ring of {world_size} ranks runs nothing", "Use 1 rank or more")
+    if strategy == "pipeline" and layer_counts is None and world_size > card.num_layers:
+        raise ShardError(
+            f"{world_size} pipeline ranks need a layer each, but {card.name} has "
+            f"{card.num_layers} layers",
+            f"Use at most {card.num_layers} ranks (--ranks {card.num_layers})",
+        )
     if strategy == "tensor":
         return tensor_specs(card.num_layers, world_size)
     return pipeline_specs(layer_counts or even_layer_counts(card.num_layers, world_size))
@@ -173,6 +184,9 @@ class LocalRing:
             check_shard_specs(card, specs)  # before anything starts
         elif not specs or any(not 0 <= s.rank < len(hosts) for s in specs):
             raise ValueError(f"ranks {[s.rank for s in specs]} are not ranks of {len(hosts)} hosts")
+        else:
+            for spec in specs:  # a peer's specs: refused here, before a runner starts
+                check_shard_spec(card, spec, len(hosts))
         self.card = card
         self.specs = list(specs)
         self.hosts = list(hosts) if hosts is not None else None

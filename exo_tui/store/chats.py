@@ -4,21 +4,25 @@ One connection in WAL mode is shared by every thread behind a lock (the app writ
 worker threads). Every write is its own transaction with ``synchronous=FULL``, so a message
 that ``append`` returned from survives a crash of the process, or of the machine.
 
-``open_chat_store`` is the way in for the app: a database it cannot read is moved aside and a
-fresh one started, and the notice it returns tells the user where the old file went.
+``open_chat_store`` is the way in for the app: a database that fails SQLite's integrity check
+is moved aside and a fresh one started; a healthy one the user cannot write (left by a
+``sudo exo-tui``) is opened read-only; the notice it returns names the file and the fix.
+A write the database refuses (disk full, a lock held too long) raises ``ChatWriteError`` and
+leaves nothing of itself behind: a turn is written whole or not at all (``append_turn``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -44,12 +48,51 @@ class ChatNotFoundError(ChatStoreError, LookupError):
 
 
 class UnreadableChatDatabase(ChatStoreError):
-    """The file is not a chat database this version can use; ``reason`` says why, in words."""
+    """The file is not a chat database this version can use; ``reason`` says why, in words.
 
-    def __init__(self, path: Path, reason: str) -> None:
+    ``damaged``: it fails SQLite's own checks (not SQLite, corrupt pages), so setting it aside
+    loses nothing; a healthy file that is merely not ours to use (another program's, a newer
+    exo-tui's) is left where it is.
+    """
+
+    def __init__(self, path: Path, reason: str, *, damaged: bool = True) -> None:
         super().__init__(f"the chat database at {path} could not be read ({reason})")
         self.path = path
         self.reason = reason
+        self.damaged = damaged
+
+
+class ChatWriteError(ChatStoreError):
+    """The database refused a write (disk full, locked, read-only); nothing of it was written.
+
+    ``reason`` and ``fix`` are in the user's words; ``code`` is SQLite's extended result code.
+    """
+
+    def __init__(self, path: Path, reason: str, fix: str, code: int = 0) -> None:
+        super().__init__(f"could not write to {path}: {reason}. {fix}")
+        self.path = path
+        self.reason = reason
+        self.fix = fix
+        self.code = code
+
+
+def _write_error(path: Path, error: sqlite3.Error) -> ChatWriteError:
+    """A refused write, in words: what happened and what the user can do about it."""
+    code: int = getattr(error, "sqlite_errorcode", 0) or 0
+    match code & 0xFF:
+        case sqlite3.SQLITE_FULL:
+            reason = "the disk is full"
+            fix = f"Free some space on the disk that holds {path.parent}."
+        case sqlite3.SQLITE_BUSY | sqlite3.SQLITE_LOCKED:
+            reason = f"another program has held a lock on it for more than {BUSY_TIMEOUT_S:g} s"
+            fix = "Close the other exo-tui (or whatever has the file open)."
+        case sqlite3.SQLITE_READONLY:
+            reason = "the file is read-only"
+            fix = f"Make it yours again: sudo chown -R {_user()} {path.parent}"
+        case _:
+            reason = str(error)
+            fix = f"Check the disk that holds {path.parent}."
+    return ChatWriteError(path, reason, fix, code)
 
 
 class ChatSummary(Frozen):
@@ -124,6 +167,8 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 # SQLite result codes that mean the bytes on disk are not a usable database.
 _UNREADABLE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+# What a read-only open of a WAL database says when it cannot make the -shm it reads through.
+_NO_SHM_CODES = frozenset({sqlite3.SQLITE_READONLY_DIRECTORY, sqlite3.SQLITE_CANTOPEN})
 
 
 def auto_title(text: str, limit: int = TITLE_LENGTH) -> str | None:
@@ -144,43 +189,92 @@ def _time(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
 
 
+def new_chat(model: str, title: str | None = None) -> ChatSummary:
+    """A chat that exists only in memory until ``append_turn`` writes its first turn."""
+    now = _time(time.time())
+    clean = " ".join(title.split()) if title is not None else ""
+    return ChatSummary(
+        id=uuid.uuid4().hex,
+        title=clean or DEFAULT_TITLE,
+        model=model,
+        created_at=now,
+        updated_at=now,
+        message_count=0,
+    )
+
+
 class ChatStore:
     """Chats and their messages in one SQLite file; safe to share between threads."""
 
     def __init__(
-        self, path: str | os.PathLike[str], *, migrations: Sequence[Migration] = MIGRATIONS
+        self,
+        path: str | os.PathLike[str],
+        *,
+        migrations: Sequence[Migration] = MIGRATIONS,
+        read_only: bool = False,
     ) -> None:
         """Open (creating if need be) and migrate the database at ``path`` (or ``":memory:"``).
+
+        ``read_only``: open an existing file without ever writing to it (nor beside it, where
+        that can be helped); every write then raises ChatWriteError.
 
         Raises UnreadableChatDatabase when the file is not a usable chat database, and
         ChatStoreError for other failures (locked by another process for too long, say).
         """
         self.path = Path(path)
+        self.read_only = read_only
         self._lock = threading.RLock()
         if str(path) != ":memory:" and self.path.is_file():
             self._check_file()
         try:
-            self._conn = sqlite3.connect(
-                str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-            )
+            self._conn = self._connect(str(path))
         except sqlite3.Error as error:
             raise ChatStoreError(f"could not open the chat database at {path}: {error}") from error
         try:
             self._setup(migrations)
-        except sqlite3.Error as error:
+        except (sqlite3.Error, ChatWriteError) as error:
             self._conn.close()
-            if error.sqlite_errorcode & 0xFF in _UNREADABLE_CODES:
+            code = error.code if isinstance(error, ChatWriteError) else error.sqlite_errorcode
+            if code & 0xFF in _UNREADABLE_CODES:
                 raise UnreadableChatDatabase(self.path, str(error)) from error
             raise ChatStoreError(f"could not open the chat database at {path}: {error}") from error
         except BaseException:
             self._conn.close()
             raise
 
+    def _connect(self, path: str) -> sqlite3.Connection:
+        def connect(target: str, uri: bool = False) -> sqlite3.Connection:
+            return sqlite3.connect(
+                target,
+                timeout=BUSY_TIMEOUT_S,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=uri,
+            )
+
+        if not self.read_only:
+            return connect(path)
+        uri = self.path.absolute().as_uri()
+        conn = connect(f"{uri}?mode=ro", uri=True)
+        try:
+            conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.Error as error:
+            conn.close()
+            # A WAL database needs its -shm beside it even to be read; in a folder the user
+            # cannot write (or on a read-only mount) SQLite cannot make one. With no -wal there
+            # is nothing but the main file to read, and no one else writes it here, so reading
+            # it as immutable is exact.
+            wal = self.path.with_name(self.path.name + "-wal")
+            if error.sqlite_errorcode not in _NO_SHM_CODES or wal.exists():
+                raise
+        return connect(f"{uri}?mode=ro&immutable=1", uri=True)
+
     def _check_file(self) -> None:
         # Before SQLite sees it: on closing a connection to a file that is not a database,
         # SQLite deletes the -wal beside it, which may hold the last writes of a damaged one.
-        if not os.access(self.path, os.R_OK | os.W_OK):
-            raise UnreadableChatDatabase(self.path, "permission denied")
+        if not os.access(self.path, os.R_OK):
+            raise ChatStoreError(f"{self.path} cannot be read: permission denied")
         try:
             with self.path.open("rb") as file:
                 header = file.read(len(SQLITE_HEADER))
@@ -192,12 +286,18 @@ class ChatStore:
     def _setup(self, migrations: Sequence[Migration]) -> None:
         conn = self._conn
         # The first statement that reads the file: garbage fails here with SQLITE_NOTADB.
-        conn.execute("PRAGMA journal_mode = WAL").fetchone()
-        conn.execute("PRAGMA synchronous = FULL")
+        if self.read_only:
+            conn.execute("PRAGMA schema_version").fetchone()
+        else:
+            conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            conn.execute("PRAGMA synchronous = FULL")
         conn.execute("PRAGMA foreign_keys = ON")
         problems = [row[0] for row in conn.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
             raise UnreadableChatDatabase(self.path, f"it is damaged: {problems[0]}")
+        if self.read_only:
+            self._check_read_only_schema(migrations)
+            return
         with self._write():
             tables = {
                 row[0]
@@ -207,38 +307,68 @@ class ChatStore:
             if "schema_version" not in tables:
                 if tables:
                     raise UnreadableChatDatabase(
-                        self.path, "it is an SQLite database, but not one of exo-tui's chats"
+                        self.path,
+                        "it is an SQLite database, but not one of exo-tui's chats",
+                        damaged=False,
                     )
                 conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
                 conn.execute("INSERT INTO schema_version (version) VALUES (0)")
             row = conn.execute("SELECT version FROM schema_version").fetchone()
-            if row is None:
-                raise UnreadableChatDatabase(self.path, "its schema version is missing")
-            version: int = row[0]
-            if version > len(migrations):
-                raise UnreadableChatDatabase(
-                    self.path,
-                    f"it was written by a newer exo-tui: schema version {version}, "
-                    f"this one knows up to {len(migrations)}",
-                )
+            version = self._version(row, migrations)
             for migrate in migrations[version:]:
                 migrate(conn)
             conn.execute("UPDATE schema_version SET version = ?", (len(migrations),))
         self.schema_version = len(migrations)
 
+    def _version(self, row: tuple[Any, ...] | None, migrations: Sequence[Migration]) -> int:
+        if row is None:
+            raise UnreadableChatDatabase(self.path, "its schema version is missing", damaged=False)
+        version: int = row[0]
+        if version > len(migrations):
+            raise UnreadableChatDatabase(
+                self.path,
+                f"it was written by a newer exo-tui: schema version {version}, "
+                f"this one knows up to {len(migrations)}",
+                damaged=False,
+            )
+        return version
+
+    def _check_read_only_schema(self, migrations: Sequence[Migration]) -> None:
+        """A file opened read-only is read as it is: it must already be this version's."""
+        conn = self._conn
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        if "schema_version" not in tables:
+            raise UnreadableChatDatabase(
+                self.path, "it is an SQLite database, but not one of exo-tui's chats", damaged=False
+            )
+        row = conn.execute("SELECT version FROM schema_version").fetchone()
+        version = self._version(row, migrations)
+        if version < len(migrations):
+            raise ChatStoreError(
+                f"{self.path} needs upgrading to schema version {len(migrations)}, "
+                "and it cannot be written"
+            )
+        self.schema_version = version
+
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, taken at once (IMMEDIATE) so concurrent writers queue up."""
+        """One write transaction, taken at once (IMMEDIATE) so concurrent writers queue up.
+
+        A write SQLite refuses is rolled back whole and raised as ChatWriteError.
+        """
         with self._lock:
             conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
             try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as error:
+                raise _write_error(self.path, error) from error
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
@@ -254,23 +384,15 @@ class ChatStore:
 
     def create_chat(self, model: str, title: str | None = None) -> ChatSummary:
         """A new, empty chat. Without a title it takes one from its first user message."""
-        chat_id = uuid.uuid4().hex
-        now = time.time()
-        clean = " ".join(title.split()) if title is not None else ""
+        chat = new_chat(model, title)
+        now = chat.created_at.timestamp()
         with self._write() as conn:
             conn.execute(
                 "INSERT INTO chats (id, title, model, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?)",
-                (chat_id, clean or None, model, now, now),
+                (chat.id, None if chat.title == DEFAULT_TITLE else chat.title, model, now, now),
             )
-        return ChatSummary(
-            id=chat_id,
-            title=clean or DEFAULT_TITLE,
-            model=model,
-            created_at=_time(now),
-            updated_at=_time(now),
-            message_count=0,
-        )
+        return chat
 
     _SUMMARY_SQL = """
         SELECT c.id, c.title, c.model, c.created_at, c.updated_at,
@@ -361,6 +483,45 @@ class ChatStore:
             )
         return position
 
+    def append_turn(self, chat: ChatSummary, messages: Sequence[Message]) -> list[int]:
+        """Add a turn's messages at the end of its chat in one transaction: all or none.
+
+        The chat is created first if the file does not hold it yet (a chat begun in memory).
+        Returns the messages' positions.
+        """
+        columns = [self._columns(message, None) for message in messages]
+        now = time.time()
+        with self._write() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO chats (id, title, model, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (
+                    chat.id,
+                    None if chat.title == DEFAULT_TITLE else chat.title,
+                    chat.model,
+                    chat.created_at.timestamp(),
+                    chat.created_at.timestamp(),
+                ),
+            )
+            (title,) = self._require_chat(conn, chat.id)
+            (start,) = conn.execute(
+                "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE chat_id = ?",
+                (chat.id,),
+            ).fetchone()
+            positions = list(range(start, start + len(columns)))
+            conn.executemany(
+                "INSERT INTO messages (chat_id, position, role, content, reasoning, tool_calls, "
+                "tool_call_id, name, stats, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(chat.id, p, *c, now) for p, c in zip(positions, columns, strict=True)],
+            )
+            for message in messages:
+                if title is None and message.role == "user":
+                    title = auto_title(message.content)
+            conn.execute(
+                "UPDATE chats SET updated_at = ?, title = ? WHERE id = ?", (now, title, chat.id)
+            )
+        return positions
+
     def replace_last(
         self, chat_id: str, message: Message, stats: dict[str, Any] | None = None
     ) -> int:
@@ -438,7 +599,16 @@ class ChatStore:
     # Lifetime
 
     def close(self) -> None:
+        """Fold the write-ahead log into the database file, then close.
+
+        Until the checkpoint the last writes live only in ``-wal`` beside the file: a copy of
+        ``chats.db`` alone (a backup, a move to another machine) would lack them.
+        """
         with self._lock:
+            if not self.read_only:
+                # Another connection still reading makes it fail: SQLite folds it in later.
+                with suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
             self._conn.close()
 
     def __enter__(self) -> ChatStore:
@@ -451,15 +621,22 @@ class ChatStore:
 def open_chat_store(path: str | os.PathLike[str] | None = None) -> OpenedChatStore:
     """Open the chat history at ``path`` (default: the data dir's chats.db), whatever is there.
 
-    A file that cannot be read as a chat database is moved aside to
-    ``<name>.broken-<timestamp>`` and a new one started; if even that fails, the store lives in
-    memory for this session. Either way ``notice`` says what happened, in the user's words.
+    A file that fails SQLite's checks is moved aside to ``<name>.broken-<timestamp>`` and a new
+    one started. A healthy one this user cannot write is opened read-only. Anything else that
+    cannot be used (another program's database, a newer exo-tui's, a folder that cannot be made)
+    is left as it is and the store lives in memory for this session. ``notice`` says what
+    happened and what to do about it, in the user's words.
     """
     db = Path(path) if path is not None else paths.chats_db_path()
+    unwritable = _unwritable(db) if db.is_file() else None
+    if unwritable is not None:
+        return _read_only(db, unwritable)
     try:
         db.parent.mkdir(parents=True, exist_ok=True)
         return OpenedChatStore(ChatStore(db), None)
     except UnreadableChatDatabase as error:
+        if not error.damaged:
+            return _in_memory(db, error.reason, fix=f"Move {db} away to start a new history.")
         reason = error.reason
     except (ChatStoreError, OSError) as error:
         return _in_memory(db, str(error))
@@ -475,12 +652,61 @@ def open_chat_store(path: str | os.PathLike[str] | None = None) -> OpenedChatSto
     return OpenedChatStore(store, notice)
 
 
-def _in_memory(db: Path, reason: str) -> OpenedChatStore:
+def _unwritable(db: Path) -> Path | None:
+    """The first of the database, the files SQLite keeps beside it and its folder that this
+    user cannot write; None when SQLite can write them all."""
+    sidecars = [db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
+    files = [db, *(sidecar for sidecar in sidecars if sidecar.exists()), db.parent]
+    return next((file for file in files if not os.access(file, os.W_OK)), None)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _owner(path: Path) -> str:
+    return _user_name(path.stat().st_uid)
+
+
+def _user() -> str:
+    """Who this process writes as (not $USER, which sudo and su may leave as it was)."""
+    return _user_name(os.geteuid())
+
+
+def _read_only(db: Path, unwritable: Path) -> OpenedChatStore:
+    """A healthy database this user cannot write (left by ``sudo exo-tui``): read, never moved."""
+    user = _user()
+    fix = f"To save chats again, quit and make it yours: sudo chown -R {user} {db.parent}"
+    try:
+        store = ChatStore(db, read_only=True)
+    except UnreadableChatDatabase as error:
+        if not error.damaged:
+            return _in_memory(db, error.reason, fix=f"Move {db} away to start a new history.")
+        return _in_memory(db, f"{error.reason}; it cannot be moved aside either", fix=fix)
+    except ChatStoreError as error:
+        return _in_memory(db, str(error), fix=fix)
+    owner = _owner(unwritable)
+    if owner != user:
+        why = f"{unwritable} belongs to {owner}, not to you ({user}); was exo-tui run with sudo?"
+    else:  # a read-only mount, or permissions taken away
+        why = f"{unwritable} is read-only for you ({user})."
+        fix = f"To save chats again, quit and make {unwritable} writable (chmod u+w, or remount)."
+    notice = (
+        f"The chat database at {db} cannot be written: {why} Your history is shown read-only "
+        f"and new chats are not saved this session. {fix}"
+    )
+    return OpenedChatStore(store, notice)
+
+
+def _in_memory(db: Path, reason: str, fix: str = "") -> OpenedChatStore:
     notice = (
         f"The chat database at {db} could not be opened ({reason}); "
         "chats will not be saved this session."
     )
-    return OpenedChatStore(ChatStore(":memory:"), notice)
+    return OpenedChatStore(ChatStore(":memory:"), f"{notice} {fix}" if fix else notice)
 
 
 def _move_aside(db: Path) -> Path:

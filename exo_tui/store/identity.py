@@ -2,7 +2,8 @@
 
 The key is a shared secret (the HMAC key of the handshake). It comes from ``--key``, then
 ``EXO_TUI_KEY``, then ``cluster.key`` in the config folder, which is created with mode 0600 on
-first use. Only its fingerprint is ever published.
+first use. Only its fingerprint is ever published. A key that fewer than 2**128 guesses would
+find is refused: anyone who records one handshake can test guesses offline.
 
 The node id lives in ``node.json`` in the data folder beside a fingerprint of the machine that
 created it. A folder copied to another machine, or a cloned disk image, carries the file along;
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from engine.errors import EngineError
 from engine.types import Frozen
 from exo_tui.store import paths
+from exo_tui.store.key_strength import MIN_KEY_BITS, guess_bits
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,12 @@ def replace_cluster_key() -> ClusterKey:
 
 
 def generate_cluster_key() -> ClusterKey:
-    return ClusterKey(text=secrets.token_urlsafe(32))
+    """256 random bits. zxcvbn could, in rare draws, see words in one and rate it under the bar;
+    such a draw is thrown away, so a fresh key is always accepted."""
+    while True:
+        text = secrets.token_urlsafe(32)
+        if guess_bits(text) >= MIN_KEY_BITS:
+            return ClusterKey(text=text)
 
 
 def parse_cluster_key(text: str, source: str) -> ClusterKey:
@@ -127,6 +134,15 @@ def parse_cluster_key(text: str, source: str) -> ClusterKey:
             f"The cluster key from {source} has only {len(text)} characters; "
             f"a key needs at least {MIN_KEY_LENGTH}",
             fix,
+        )
+    bits = guess_bits(text)
+    if bits < MIN_KEY_BITS:
+        raise IdentityError(
+            f"The cluster key from {source} is too easy to guess: about 2^{bits:.0f} guesses "
+            f"would find it, and a key needs at least 2^{MIN_KEY_BITS} (anyone who records one "
+            "handshake can test guesses offline)",
+            "Run `exo-tui key --new` for a random key, and give every node the key it prints "
+            f"(with `--key` or {KEY_ENV})",
         )
     return ClusterKey(text=text)
 

@@ -112,7 +112,9 @@ async def test_launch_draws_every_layer_then_chat_streams_and_is_stored(models_d
         assert "tok/s" in str(app.query_one(StatsLine).render())
 
         assert app.store is not None and app.chat is not None
-        stored = app.store.messages(app.chat.id)
+        store, chat_id = app.store, app.chat.id
+        await wait_until(pilot, lambda: any(c.id == chat_id for c in store.list_chats()))
+        stored = store.messages(chat_id)
         assert [m.role for m in stored] == ["system", "user", "assistant"]
         assert stored[1].content == "Hello there"
         assert stored[2].content == answer.text.strip()
@@ -213,6 +215,23 @@ async def test_a_model_that_does_not_fit_is_refused(models_dir: Path) -> None:
         await pilot.pause()
         assert app.state.instance is None
         assert app.loaded is None
+
+
+async def test_a_folder_missing_an_indexed_file_is_refused_by_that_file_s_name(
+    models_dir: Path,
+) -> None:
+    folder = models_dir / "tiny-llama"
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    lost = sorted(set(index["weight_map"].values()))[-1]
+    (folder / lost).unlink()
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.card is not None)
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: any(lost in n.message for n in app._notifications))
+        (message,) = [n.message for n in app._notifications if lost in n.message]
+        assert f"Copy {lost} into {folder}" in message and "download" not in message
+        assert app.state.instance is None and app.loaded is None
 
 
 async def test_a_model_failing_to_load_marks_the_node_failed(models_dir: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +12,14 @@ from textual.widgets import SelectionList, Static
 
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.nodes import NodesScreen
-from exo_tui.app.widgets.chat import AnswerView, PromptInput, StatsLine
+from exo_tui.app.widgets.chat import AnswerView, ErrorLine, PromptInput, StatsLine
 from exo_tui.app.widgets.nodes import NodeCard
 from exo_tui.cluster.node import ClusterSetup, NodeOptions
 from exo_tui.cluster.placement import Placement
 from exo_tui.cluster.state import RunnerReady
 from exo_tui.store.identity import ClusterKey, load_node_identity
 from tests.app.helpers import fixed_stats, wait_until
-from tests.cluster.node_process import KEY, NodeProcess, StartNode
+from tests.cluster.node_process import FOREIGN_KEY, KEY, NodeProcess, StartNode
 
 pytestmark = pytest.mark.anyio
 
@@ -128,10 +129,33 @@ async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_p
         assert app.state.instance_status == "ready"
 
 
+async def test_a_request_error_on_the_cluster_is_shown_in_the_chat(
+    start: StartNode, tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    # 64 tokens of context: the built-in tools' schemas alone are longer.
+    shutil.copytree(tiny_model_factory("llama", max_position_embeddings=64), models / "short")
+    peer = start("peer", "--models-dir", str(models))
+    app = app_with_peer(peer, models, model="short")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: len(app.state.online_nodes) == 2, timeout=15)
+        await wait_until(pilot, lambda: app.card is not None)
+        await choose_every_node(pilot)
+        await pilot.press("ctrl+l")
+        await wait_until(pilot, lambda: app.state.instance_status == "ready", timeout=60)
+        await pilot.click(PromptInput)
+        await pilot.press(*"Hello there")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: bool(app.query(ErrorLine)), timeout=60)
+        shown = str(app.query_one(ErrorLine).content)
+        assert "holds at most 64" in shown and "new chat" in shown, shown
+        assert app.state.instance_status == "ready"  # only the request failed
+
+
 async def test_a_peer_with_another_key_is_shown_as_foreign(
     start: StartNode, tiny_llama: Path, tmp_path: Path
 ) -> None:
-    stranger = start("stranger", key="some-other-cluster-key-77")
+    stranger = start("stranger", key=FOREIGN_KEY)
     app = app_with_peer(stranger, tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: bool(app.state.foreign), timeout=15)

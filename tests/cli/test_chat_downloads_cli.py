@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -99,3 +100,28 @@ def test_on_a_cluster_each_node_fetches_its_share(
     assert not (tmp_path / "hf" / "hub").exists() or not any(
         (tmp_path / "hf").rglob("*.safetensors")
     )
+
+
+@pytest.mark.parametrize("named_by", ["path", "name in a models dir"])
+def test_a_local_folder_missing_a_shard_names_the_file_and_asks_no_hub(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, named_by: str
+) -> None:
+    models = tmp_path / "models"
+    folder = shutil.copytree(tiny_model_factory("llama", shards=4), models / "tiny")
+    (folder / SHARDS[1]).unlink()
+    model = [str(folder)] if named_by == "path" else ["tiny", "--models-dir", str(models)]
+    with HubServer() as hub:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING"))}
+        env = base | {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf"),
+                      "EXO_TUI_HOME": str(tmp_path / "exo")}  # fmt: skip
+        command = [sys.executable, "-m", "exo_tui.cli", "chat", "--model", *model,
+                   "--prompt", "hello", "--max-tokens", "4", "--no-tools"]  # fmt: skip
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT
+        )
+        assert hub.api_calls == 0 and not hub.served
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    assert SHARDS[1] in result.stderr and str(folder) in result.stderr, result.stderr
+    assert "HTTP" not in result.stderr
+    assert f"Copy {SHARDS[1]} into {folder}" in result.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.cli.test_chat_cli import events, run_cli
@@ -67,3 +68,29 @@ def test_a_node_without_the_model_is_refused_before_anything_loads(
     assert result.returncode == 2, result.stderr
     assert "node bare has no model called tiny-llama" in result.stderr
     assert '"load"' not in result.stdout
+
+
+def test_a_prompt_past_the_context_fails_on_the_cluster_as_on_one_machine(
+    start: StartNode, tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    models = tmp_path / "models"
+    shutil.copytree(tiny_model_factory("llama", max_position_embeddings=64), models / "short")
+    peer = start("peer", "--models-dir", str(models))
+    common = ("--model", "short", "--models-dir", str(models), "--prompt", "many words " * 100,
+              "--temperature", "0")  # fmt: skip
+    alone = run_cli("chat", *common)
+    assert alone.returncode == 2 and "holds at most 64" in alone.stderr, alone.stderr
+    message = alone.stderr.strip().splitlines()[-1].removeprefix("exo-tui: ")
+    env = {**os.environ, "EXO_TUI_HOME": str(tmp_path / "me")}
+    cluster = ("--cluster", "--no-mdns", "--port", "0", "--peer", peer.address, "--key", KEY,
+               "--discover", "2")  # fmt: skip
+    together = run_cli("chat", *common, *cluster, "--json", env=env)
+    assert together.returncode != 0, together.stdout
+    assert "Traceback" not in together.stderr, together.stderr
+    lines = events(together.stdout)
+    assert [e["type"] for e in lines][-2:] == ["error", "done"]
+    assert lines[-2]["message"] == message
+    assert lines[-1]["finish_reason"] == "error"
+    as_text = run_cli("chat", *common, *cluster, env=env)
+    assert as_text.returncode != 0
+    assert message in as_text.stderr.replace("\n", " "), as_text.stderr

@@ -57,7 +57,7 @@ def test_show_fingerprint_prints_only_the_fingerprint(exo_home: Path) -> None:
 
 
 def test_a_key_from_the_environment_is_shown_but_not_stored(exo_home: Path) -> None:
-    key = "a-key-from-the-environment-42"
+    key = "a-key-from-the-environment-gkQF7kE62AC5FXJGgPYYQn7L_aj0VdyzzkzmjAbqieI"
     result = exo_tui_key(env={KEY_ENV: key})
     assert printed_key(result) == key
     assert KEY_ENV in result.stderr
@@ -82,3 +82,15 @@ def test_nodes_started_together_agree_on_one_key(exo_home: Path) -> None:
     assert all(process.returncode == 0 for process in starts)
     assert len(keys) == 1
     assert keys.pop().decode().strip() == (exo_home / "config" / "cluster.key").read_text().strip()
+
+
+def test_a_node_given_a_guessable_key_refuses_to_start_in_one_clear_line(exo_home: Path) -> None:
+    result = subprocess.run(
+        [*EXO_TUI, "node", "--no-mdns", "--port", "0", "--key", "correct-horse-battery-staple"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stderr.count("\n") == 1
+    assert "too easy to guess" in result.stderr and "exo-tui key --new" in result.stderr

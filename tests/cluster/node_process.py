@@ -13,7 +13,9 @@ import pytest
 
 from tests.cluster.json_lines import JsonLines, Line
 
-KEY = "test-cluster-key-0123456789"
+# Keys as `exo-tui key --new` makes them: a guessable key is refused.
+KEY = "test-cluster-key-mGv8CSBpCI8-EsaOHO3mey2qazaChBGTLmgcNoTgCZI"
+FOREIGN_KEY = "another-key-entirely-oEvKjUoWJGTekLYvLQEwD9llF38ygixuzwvFKlZ3A5s"
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -26,6 +26,7 @@ from exo_tui.cluster.placement import Placement
 from exo_tui.cluster.state import DownloadProgressed, LoadProgressed, LoadStarted, NodeStats
 from tests.cluster.node_process import NodeProcess, StartNode
 from tests.cluster.test_coordinator import REQUEST, Coordinating, collect, runner_pids
+from tests.hostile_hub import HostileHub, climb_to, tree_outside
 from tests.hub_server import HubServer
 
 pytestmark = pytest.mark.anyio
@@ -214,6 +215,39 @@ async def test_a_failed_download_fails_the_launch_and_names_the_node(
         assert all(not runner_pids(n) for n in nodes)
         assert all(n.process.poll() is None for n in nodes)  # the nodes stay up
         tasks.cancel_scope.cancel()
+
+
+async def test_a_hostile_hub_behind_a_shard_fetch_writes_nothing_outside_the_node_caches(
+    start: StartNode, sharded: Path, tmp_path: Path
+) -> None:
+    """A peer asks each node for its share; the hub names the first shard's blob as a climb to
+    a file outside the cache. The launch fails naming the node, the repo and the field; the
+    file is untouched and the nodes stay up."""
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"mine")
+    with HostileHub() as hub:
+        hub.add_repo(REPO, sharded)
+        storage = Path("hub") / f"models--{REPO.replace('/', '--')}"
+        # Both caches sit at the same depth under tmp_path: one climb reaches the victim.
+        climb = climb_to(victim, tmp_path / "n0-hf" / storage / "blobs")
+        hub.lie_about(SHARDS[0], "lfs.sha256", climb)
+        hub.lie_about(SHARDS[0], "blobId", None)
+        nodes = [start_fetcher(start, hub, tmp_path, name) for name in ("n0", "n1")]
+        # Each node writes in its cache and its home (EXO_TUI_HOME): nowhere else.
+        theirs = [tmp_path / folder for folder in ("n0-hf", "n1-hf", "n0", "n1")]
+        before = tree_outside(tmp_path, *theirs)
+        cluster = Coordinating(nodes)
+        card = hub_card(sharded)
+        async with anyio.create_task_group() as tasks:
+            placement = await cluster.start_and_place(tasks, card)
+            fetches = plan_fetches(placement, card, stats(cluster))
+            with pytest.raises(ClusterError, match=r"node n[01] could not download") as error:
+                await cluster.node.coordinator.launch(placement, card, fetches=fetches)
+            assert REPO in str(error.value) and "lfs.sha256" in str(error.value)
+            assert all(n.process.poll() is None for n in nodes)  # the nodes stay up
+            tasks.cancel_scope.cancel()
+    assert victim.read_bytes() == b"mine"
+    assert tree_outside(tmp_path, *theirs) == before
 
 
 def test_a_model_that_is_not_a_hub_repo_cannot_be_fetched(tiny_llama: Path) -> None:

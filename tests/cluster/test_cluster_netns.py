@@ -21,7 +21,8 @@ from tests.cluster.conftest import NetnsCluster
 from tests.cluster.json_lines import JsonLines, Line
 from tests.cluster.netns import NetnsNode
 
-KEY = "netns-cluster-key-0123456789"
+KEY = "netns-cluster-key-ASoOkBA6p5u12z05yVSecHrucC-9nIcSVkgmC1Nckdk"
+STRANGER_KEY = "a-different-key-ZL95CsbOqq1YSCEKPSo1MV-hPDniV1men-dVYIbP02E"
 ROOT = Path(__file__).resolve().parents[2]
 EXO_TUI = [sys.executable, "-m", "exo_tui.cli"]
 
@@ -111,7 +112,7 @@ def test_a_node_with_another_key_is_shown_as_foreign_and_never_trusted(
 ) -> None:
     a, b, stranger_space = netns_cluster(3)
     first, second = node(a, tmp_path, models), node(b, tmp_path, models)
-    stranger = node(stranger_space, tmp_path, models, key="a-different-key-987654321")
+    stranger = node(stranger_space, tmp_path, models, key=STRANGER_KEY)
     stranger_id = stranger.first("listening")["node_id"]
     foreign = first.first("foreign", timeout=5)
     assert foreign["peer"]["node_id"] == stranger_id

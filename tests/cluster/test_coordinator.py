@@ -323,3 +323,69 @@ async def test_a_node_killed_mid_load_fails_the_launch_and_stops_the_other(
         await cluster.wait(lambda: not runner_pids(survivor), 10)
         assert killed is not None and time.monotonic() - killed < 10
         tasks.cancel_scope.cancel()
+
+
+# A peer may send any request the wire carries; each bad one must come back as an error naming
+# what is wrong, and the instance must keep serving.
+BAD_REQUESTS = [
+    (REQUEST.model_copy(update={"max_tokens": -1}), "max_tokens is -1"),
+    (REQUEST.model_copy(update={"temperature": -5.0}), "temperature is -5.0"),
+    (REQUEST.model_copy(update={"top_p": 2.0}), "top_p is 2.0"),
+    (REQUEST.model_copy(update={"seed": -1}), "seed is -1"),
+    (REQUEST.model_copy(update={"messages": ()}), "has no messages"),
+    (
+        REQUEST.model_copy(
+            update={"messages": (Message(role="user", content="word " * 780_000),)}
+        ),  # 3.9 MB: under the frame limit, far over the model's context
+        "holds at most 2048",
+    ),
+]
+
+
+async def test_a_peers_bad_chat_requests_get_an_error_back(start: StartNode, models: Path) -> None:
+    nodes, cluster, card = await launched(start, models, "pipeline")
+    expected = [c for c in generate(load_model_sync(models / "tiny-llama"), REQUEST)][-1]
+    assert isinstance(expected, DoneChunk)
+    async with anyio.create_task_group() as tasks:
+        placement = await cluster.start_and_place(tasks, card)
+        await cluster.node.coordinator.launch(placement, card)
+        for request, words in BAD_REQUESTS:
+            with anyio.fail_after(120):  # a hang guard: the big prompt is tokenized twice
+                chunks = await collect(cluster.node.coordinator.chat(request))
+            errors = [c for c in chunks if isinstance(c, ErrorChunk)]
+            assert len(errors) == 1 and words in errors[0].message, chunks
+            done = chunks[-1]
+            assert isinstance(done, DoneChunk) and done.finish_reason == "error"
+        # Nothing failed but the requests: the same instance answers a good one as before.
+        assert cluster.node.coordinator.instance is not None
+        done = (await collect(cluster.node.coordinator.chat(REQUEST)))[-1]
+        assert isinstance(done, DoneChunk) and done.token_ids == expected.token_ids
+        assert all(n.process.poll() is None for n in nodes)
+        tasks.cancel_scope.cancel()
+
+
+async def test_a_peers_shard_spec_out_of_bounds_is_refused_naming_the_layers(
+    start: StartNode, models: Path
+) -> None:
+    nodes, cluster, card = await launched(start, models, "pipeline", count=1)
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(cluster.node.run)
+        await cluster.wait(lambda: len(cluster.state.online_nodes) == 1, 15)
+        placement = place(cluster.state.candidates, card, "pipeline")
+        assert isinstance(placement, Placement)
+        # What a hostile peer can send: ShardSpec on the wire has no bounds of its own.
+        shard = placement.shards[0].model_construct(**{
+            **placement.shards[0].model_dump(), "start_layer": -3, "end_layer": 999
+        })  # fmt: skip
+        bad = placement.model_copy(update={"shards": (shard,)})
+        with pytest.raises(ClusterError) as refused:
+            await cluster.node.coordinator.launch(bad, card)
+        message = str(refused.value)
+        assert "[-3, 999)" in message and "out of bounds" in message, message
+        assert f"has {card.num_layers} layers" in message, message
+        assert not runner_pids(nodes[0]) and nodes[0].process.poll() is None
+        # The node serves the next launch as before.
+        await cluster.node.coordinator.launch(placement, card)
+        done = (await collect(cluster.node.coordinator.chat(REQUEST)))[-1]
+        assert isinstance(done, DoneChunk) and done.finish_reason in ("stop", "length")
+        tasks.cancel_scope.cancel()

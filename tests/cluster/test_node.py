@@ -10,7 +10,7 @@ import signal
 import socket
 import time
 
-from tests.cluster.node_process import _is, _lost
+from tests.cluster.node_process import FOREIGN_KEY, _is, _lost
 
 
 def test_peers_named_by_hand_see_each_other(start) -> None:  # type: ignore[no-untyped-def]
@@ -29,7 +29,7 @@ def test_peers_named_by_hand_see_each_other(start) -> None:  # type: ignore[no-u
 
 def test_a_foreign_key_is_refused_on_both_sides(start) -> None:  # type: ignore[no-untyped-def]
     a = start("a")
-    stranger = start("stranger", "--peer", a.address, key="another-key-entirely-4242")
+    stranger = start("stranger", "--peer", a.address, key=FOREIGN_KEY)
     assert stranger.fingerprint != a.fingerprint
     mine = stranger.lines.wait_for(lambda seen: any(_is(x, "foreign") for x in seen), 10)
     refusal = next(x for x in mine if _is(x, "foreign"))

@@ -137,6 +137,31 @@ def test_quantized_matmul_matches_mlx(
 
 @PROPERTIES
 @given(
+    group_size=st.sampled_from([32, 64, 128]),
+    blocks=st.integers(1, 12),
+    n=st.integers(1, 67),
+    rows=st.one_of(st.integers(1, 8), st.integers(9, 120)),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_bf16_x_by_4_bits_matches_mlx(
+    isa: str, group_size: int, blocks: int, n: int, rows: int, strided: bool, seed: int
+) -> None:
+    """What mlx-community's 4-bit models run (bf16 x and scales, k a multiple of 128): on
+    AVX512-BF16, hardware dot products of x with the nibbles."""
+    k = 128 * blocks
+    w, scales, biases = mx.quantize(weights(n, k, seed), group_size=group_size, bits=4)
+    scales, biases = scales.astype(mx.bfloat16), biases.astype(mx.bfloat16)
+    x = mx.random.normal((rows, k), key=mx.random.key(seed + 1)).astype(mx.bfloat16)
+    got = kernels.quantized_matmul(maybe_strided(x, strided), w, scales, biases, group_size, 4)
+    dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size, 4)
+    x32 = x.astype(mx.float32)
+    assert got.dtype == mx.bfloat16
+    assert_close(got, x32 @ dense.T, mx.abs(x32) @ mx.abs(dense).T, mx.bfloat16)
+
+
+@PROPERTIES
+@given(
     k=st.integers(1, 700),
     n=st.integers(1, 67),
     rows=st.one_of(st.integers(1, 8), st.integers(9, 300)),
@@ -187,12 +212,17 @@ def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
     assert mx.array_equal(mx.isinf(got), mx.isinf(expected))
     finite = mx.isfinite(expected)
     assert float(mx.max(mx.abs(mx.where(finite, got - expected, 0.0)))) < 1e-4
-    w, scales, biases = mx.quantize(weights(33, 128, 3), group_size=64, bits=8)
-    scales[7, 1] = bad
-    expected = x @ mx.dequantize(w, scales, biases, 64, 8).T
-    got = kernels.quantized_matmul(x, w, scales, biases, 64, 8)
-    assert mx.array_equal(mx.isnan(got), mx.isnan(expected))
-    assert mx.array_equal(mx.isinf(got), mx.isinf(expected))
+    for bits, dtype, rows in [(8, mx.float32, 3), (4, mx.bfloat16, 1), (4, mx.bfloat16, 40)]:
+        for field in ("scales", "biases"):
+            w, scales, biases = mx.quantize(weights(33, 128, 3), group_size=64, bits=bits)
+            scales, biases = scales.astype(dtype), biases.astype(dtype)
+            (scales if field == "scales" else biases)[7, 1] = bad
+            x = mx.random.normal((rows, 128), key=mx.random.key(4)).astype(dtype)
+            dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), 64, bits)
+            expected = x.astype(mx.float32) @ dense.T
+            got = kernels.quantized_matmul(x, w, scales, biases, 64, bits)
+            assert mx.array_equal(mx.isnan(got), mx.isnan(expected)), (bits, field)
+            assert mx.array_equal(mx.isinf(got), mx.isinf(expected)), (bits, field)
 
 
 def test_bad_arguments_are_refused_with_the_reason() -> None:

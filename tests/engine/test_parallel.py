@@ -286,8 +286,10 @@ def card(models: Models) -> ModelCard:
     ("spec", "world_size", "words"),
     [
         (pipeline(3, 3, 1, 2), 2, ["empty layer range [3, 3)"]),
-        (pipeline(-1, 3, 0, 2), 2, ["empty layer range [-1, 3)"]),
-        (pipeline(3, 8, 1, 2), 2, ["[3, 8)", "past the last layer", "6 layers"]),
+        (pipeline(-1, 3, 0, 2), 2, ["[-1, 3)", "out of bounds", "6 layers", "[0, 6)"]),
+        (pipeline(-3, 999, 0, 1), 1, ["[-3, 999)", "out of bounds", "6 layers", "[0, 6)"]),
+        (pipeline(6, 9, 1, 2), 2, ["[6, 9)", "out of bounds", "6 layers"]),
+        (pipeline(3, 8, 1, 2), 2, ["[3, 8)", "out of bounds", "6 layers"]),
         (pipeline(1, 6, 0, 2), 2, ["Rank 0 must hold the first layer"]),
         (pipeline(0, 3, 1, 2), 2, ["last rank (1) must hold the last layer"]),
         (pipeline(0, 6, 0, 1), 2, ["ring of 1 ranks but this ring has 2"]),
@@ -347,7 +349,7 @@ def test_layer_indices_are_re_pointed_or_refused(card: ModelCard) -> None:
 def test_load_shard_refuses_a_bad_spec_before_reading_weights(tiny_llama: Path) -> None:
     before = mx.get_active_memory()
     loading = load_shard(tiny_llama, pipeline(0, 9, 0, 1), mx.distributed.init())
-    with pytest.raises(ShardError, match="past the last layer"):
+    with pytest.raises(ShardError, match="out of bounds"):
         next(loading)
     assert mx.get_active_memory() == before
 

@@ -83,9 +83,24 @@ def test_a_rank_loads_its_layers_from_a_partial_folder(whole: Path, without_laye
 
 
 def test_layers_whose_file_is_missing_are_refused_by_name(without_layer_2: Path) -> None:
+    """A folder of the user's is no hub repo: the fix is to copy the file in, not download."""
     with pytest.raises(ModelFormatError) as error:
         run_loading(load_model(without_layer_2, prepare=keep(1, 3), layer_range=(1, 3)))
     assert SHARDS[2] in error.value.cause and "layers 1-2" in error.value.cause
-    assert "exo-tui models download" in error.value.fix and "--layers 1:3" in error.value.fix
+    assert f"Copy {SHARDS[2]} into {without_layer_2}" in error.value.fix
+    assert "download" not in error.value.fix
     with pytest.raises(ModelFormatError, match=SHARDS[2]):
         load_model_sync(without_layer_2)  # the whole model
+
+
+def test_a_partial_hub_snapshot_says_to_download_the_rest_of_its_repo(
+    whole: Path, tmp_path: Path
+) -> None:
+    snapshot = tmp_path / "hub" / "models--mlx-community--tiny" / "snapshots" / ("a" * 40)
+    shutil.copytree(whole, snapshot)
+    (snapshot / SHARDS[2]).unlink()
+    with pytest.raises(ModelFormatError) as error:
+        run_loading(load_model(snapshot, prepare=keep(1, 3), layer_range=(1, 3)))
+    assert SHARDS[2] in error.value.cause
+    fix = "Download them: exo-tui models download mlx-community/tiny --layers 1:3"
+    assert error.value.fix == fix

@@ -329,8 +329,10 @@ def test_a_foreign_sqlite_file_is_not_taken_over(db: Path) -> None:
     store, notice = open_chat_store(db)
     with store:
         assert notice is not None and "not one of exo-tui's chats" in notice
-    (aside,) = db.parent.glob("chats.db.broken-*")
-    with sqlite3.connect(aside) as raw:
+        assert f"Move {db} away to start a new history." in notice
+    # Healthy (it passes SQLite's integrity check): left where it is, as it is.
+    assert list(db.parent.glob("chats.db.broken-*")) == []
+    with sqlite3.connect(db) as raw:
         assert raw.execute("SELECT name FROM sqlite_master").fetchone() == ("recipes",)
 
 
@@ -359,6 +361,9 @@ def test_migration_hook_runs_new_steps_once(db: Path, store: ChatStore) -> None:
     opened, notice = open_chat_store(db)
     with opened:
         assert notice is not None and "newer exo-tui" in notice
+    assert list(db.parent.glob("chats.db.broken-*")) == []
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("SELECT version FROM schema_version").fetchone() == (2,)
 
 
 def test_a_failing_migration_changes_nothing(db: Path, store: ChatStore) -> None:

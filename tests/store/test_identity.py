@@ -24,8 +24,8 @@ from exo_tui.store.identity import (
     replace_cluster_key,
 )
 
-GOOD_KEY = "a-good-cluster-key-0123456789"
-OTHER_KEY = "another-cluster-key-9876543210"
+GOOD_KEY = "a-good-cluster-key-BfPwTiOgwxlEKQ3eU9ZfywmF6plFGDmjrwXsp_VFcB4"
+OTHER_KEY = "another-cluster-key-bgBSizb5sQf5fl3vkUDttxKB3XSjTUkSk-LtXYj_w48"
 NODE_ID = re.compile(r"n-[0-9a-f]{12}")
 
 
@@ -63,7 +63,7 @@ def test_a_key_file_readable_by_others_is_tightened(exo_home: Path) -> None:
 def test_flag_beats_environment_beats_file(exo_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_key_file(GOOD_KEY)
     monkeypatch.setenv(KEY_ENV, OTHER_KEY)
-    flag = "the-key-from-the-flag-000"
+    flag = "the-key-from-the-flag-Yq3vN0sXbH2kLw9rT5mE1cJ8uAzP4dGfK7iOeR6t"
     assert load_cluster_key(flag).text == flag
     assert load_cluster_key().text == OTHER_KEY
     monkeypatch.setenv(KEY_ENV, "  ")  # blank counts as unset
@@ -101,6 +101,54 @@ def test_bad_keys_name_the_cause_and_the_fix(
         with pytest.raises(IdentityError, match=KEY_ENV):
             load_cluster_key()
     assert not key_path().exists()
+
+
+# Long enough and printable, yet found in far fewer than 2**128 guesses: words, repeats, walks,
+# dates, l33t, counting, and the tests' own old keys.
+GUESSABLE_KEYS = [
+    "test-cluster-key-0123456789",
+    "a-good-cluster-key-0123456789",
+    "correct-horse-battery-staple",
+    "correct-horse-battery-staple-correct-horse-battery-staple-again-and-again",
+    "password1234567890",
+    "P@ssw0rdP@ssw0rd!!",
+    "Tr0ub4dor&3Tr0ub4dor&3xyzzyplugh",
+    "a" * 32,
+    "ab" * 40,  # longer than the estimator reads: its first 72 characters count
+    "qwertyuiopasdfghjkl",
+    "2024-01-01-my-cluster",
+    "0123456789abcdef0123",
+    "exo-tui-cluster-key",
+    "mycluster-mycluster-mycluster",
+]
+
+
+@pytest.mark.parametrize("text", GUESSABLE_KEYS)
+def test_a_guessable_key_is_refused_from_every_source(
+    exo_home: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    with pytest.raises(IdentityError) as from_flag:
+        load_cluster_key(text)
+    cause = from_flag.value.cause
+    assert "--key" in cause and "too easy to guess" in cause and "2^128" in cause
+    assert "exo-tui key --new" in from_flag.value.fix
+    monkeypatch.setenv(KEY_ENV, text)
+    with pytest.raises(IdentityError, match=KEY_ENV):
+        load_cluster_key()
+    monkeypatch.delenv(KEY_ENV)
+    path = write_key_file(text + "\n")
+    with pytest.raises(IdentityError) as from_file:
+        load_cluster_key()
+    assert str(path) in from_file.value.cause and "too easy to guess" in from_file.value.cause
+    assert "exo-tui key --new" in from_file.value.fix
+    assert path.read_text() == text + "\n"  # left for the user to replace
+
+
+def test_every_fresh_key_is_accepted(exo_home: Path) -> None:
+    for _ in range(200):
+        fresh = replace_cluster_key()
+        assert load_cluster_key() == fresh
+        assert load_cluster_key(fresh.text) == fresh
 
 
 def test_a_bad_key_file_is_named_with_the_way_out(exo_home: Path) -> None:

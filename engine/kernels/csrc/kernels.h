@@ -26,7 +26,16 @@ struct QuantizedArgs {
   int bits;
   float* out;  // [M, ldo] fp32
   int ldo;
+  // Where x is bf16, the scales bf16 and the bits 4, on a table with bf16_dot: x in bf16 again,
+  // each block of 128 values in the order of its weights' nibbles (see prepare_nibble_x), for
+  // dot products in hardware. Otherwise nullptr.
+  const uint16_t* x16 = nullptr;
 };
+
+// x (bf16, rows of k values, k a multiple of 128) for quantized_gemv's bf16 dot products: in
+// each block of 128, position 32 * j + i takes value 4 * i + j, as the 16-bit words of 64 packed
+// bytes hold their nibbles.
+void prepare_nibble_x(const uint16_t* x, int rows, int k, uint16_t* prepared);
 
 // out[m, n] = sum_k x[m, k] * w[n, k], with w in bf16 or fp16.
 struct HalfArgs {

@@ -1,10 +1,12 @@
 #include "matmul.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
 #include "amx.h"
+#include "half_bits.h"
 #include "threads.h"
 
 extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
@@ -26,7 +28,7 @@ constexpr std::size_t TILE_FLOATS = std::size_t{1} << 20;
 // Buffers kept per thread between calls, so a decoding step allocates nothing.
 struct Scratch {
   std::vector<float> x, prepared, sums, out, tile, bias;
-  std::vector<uint16_t> tiles_x;
+  std::vector<uint16_t> tiles_x, nibble_x;
 };
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -79,7 +81,50 @@ void tiled_gemm(const float* x, int rows, int k, int n, float* out,
   }
 }
 
+float scalar_at(const void* values, Scalar type, std::size_t i) {
+  switch (type) {
+    case Scalar::f32: return static_cast<const float*>(values)[i];
+    case Scalar::bf16: return bf16_to_float(static_cast<const uint16_t*>(values)[i]);
+    case Scalar::f16: return f16_to_float(static_cast<const uint16_t*>(values)[i]);
+  }
+  return 0.0f;
+}
+
+// The kernels factor each group's sum as scale * sum(q * x) + bias * sum(x). Where a scale, a
+// bias or x is not finite, MLX's own product, which dequantizes each weight first, can give NaN
+// where the factored one gives an infinity: any output that is not finite is computed again the
+// way MLX does. Finite weights and x never take this path.
+void redo_non_finite(const float* x, int rows, int k, const uint32_t* w, const void* scales,
+                     const void* biases, Scalar scale_type, int n, int group_size, int bits,
+                     float* out) {
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(w);
+  const std::size_t row_bytes = static_cast<std::size_t>(k) * bits / 8;
+  const int groups = k / group_size;
+  for (int m = 0; m < rows; ++m)
+    for (int j = 0; j < n; ++j) {
+      float& value = out[static_cast<std::size_t>(m) * n + j];
+      if (std::isfinite(value)) continue;
+      float total = 0.0f;
+      for (int i = 0; i < k; ++i) {
+        const uint8_t byte = bytes[static_cast<std::size_t>(j) * row_bytes + i * bits / 8];
+        const int q = bits == 4 ? (i % 2 == 0 ? byte & 15 : byte >> 4) : byte;
+        const std::size_t g = static_cast<std::size_t>(j) * groups + i / group_size;
+        const float weight = scalar_at(scales, scale_type, g) * static_cast<float>(q) +
+                             scalar_at(biases, scale_type, g);
+        total += weight * x[static_cast<std::size_t>(m) * k + i];
+      }
+      value = total;
+    }
+}
+
 }  // namespace
+
+void prepare_nibble_x(const uint16_t* x, int rows, int k, uint16_t* prepared) {
+  const std::size_t count = static_cast<std::size_t>(rows) * k;
+  for (std::size_t base = 0; base < count; base += 128)
+    for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < 32; ++i) prepared[base + 32 * j + i] = x[base + 4 * i + j];
+}
 
 void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, const uint32_t* w,
                       const void* scales, const void* biases, Scalar scale_type, int n,
@@ -89,8 +134,8 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const std::size_t x_count = static_cast<std::size_t>(rows) * k;
   const float* x = as_f32(isa, x_in, x_type, x_count, s.x);
   const int groups = k / group_size;
-  // Many rows of bf16 x by 4-bit weights on AMX tiles, 32 weight rows at a time. (With few rows
-  // the lookup GEMV decoded faster than bf16 dot products.)
+  // Many rows of bf16 x by 4-bit weights on AMX tiles, 32 weight rows at a time (fewer rows of
+  // x than amx_min_rows run faster as GEMVs).
   const bool tiles = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 &&
                      group_size % 64 == 0 && amx_enabled && rows >= amx_min_rows && n >= 32 &&
                      amx_available();
@@ -98,8 +143,18 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
   // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
   // order, so the dot products are unchanged. Only the rows the tiles leave need it.
+  // bf16 x by 4-bit weights with bf16 scales, few rows: dot products in hardware on x as it came.
+  const bool nibble_dot = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 &&
+                          scale_type == Scalar::bf16 && k % 128 == 0 && group_size <= 128 &&
+                          (tiles || rows <= gemv_max_rows);
+  const uint16_t* x16 = nullptr;
+  if (nibble_dot && tiled < n) {
+    s.nibble_x.resize(std::max(s.nibble_x.size(), x_count));
+    prepare_nibble_x(static_cast<const uint16_t*>(x_in), rows, k, s.nibble_x.data());
+    x16 = s.nibble_x.data();
+  }
   const float* prepared = x;
-  if (bits == 4 && tiled < n) {
+  if (bits == 4 && tiled < n && x16 == nullptr) {
     float* p = sized(s.prepared, x_count);
     const int chunk = 2 * isa.lanes, half = isa.lanes;
     for (std::size_t base = 0; base < x_count; base += chunk)
@@ -120,7 +175,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   QuantizedArgs args{prepared, sums, rows, k, n, w, scales, biases, scale_type, group_size, bits,
-                     out32, n};
+                     out32, n, x16};
   if (tiles) {
     // x in bf16 as it came, in the nibbles' order; the rest of the rows, and the biases' term,
     // elsewhere.
@@ -141,6 +196,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
     cblas_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, tiled, groups, 1.0f, sums,
                 groups, bias32, groups, 1.0f, out32, n);
     if (tiled < n) isa.quantized_gemv(args, tiled, n);
+    redo_non_finite(x, rows, k, w, scales, biases, scale_type, n, group_size, bits, out32);
     if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
     return;
   }
@@ -151,6 +207,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
       isa.quantized_dequantize(args, n0, n1, tile);
     });
   }
+  redo_non_finite(x, rows, k, w, scales, biases, scale_type, n, group_size, bits, out32);
   if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
 }
 

@@ -12,15 +12,20 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label
 
-from exo_tui.store.chats import ChatStore, ChatSummary
+from exo_tui.store.chats import ChatStore, ChatStoreError, ChatSummary
 
 
 def export_chat(store: ChatStore, chat: ChatSummary, folder: Path) -> Path:
     """Write the chat as Markdown into `folder`; returns the file's path."""
+    return write_export(folder, chat, store.export_markdown(chat.id))
+
+
+def write_export(folder: Path, chat: ChatSummary, markdown: str) -> Path:
+    """Write a chat's Markdown into `folder`, named by its start and title; the file's path."""
     folder.mkdir(parents=True, exist_ok=True)
     slug = re.sub(r"[^a-zA-Z0-9]+", "-", chat.title).strip("-").lower()[:40] or "chat"
     path = folder / f"{chat.created_at:%Y%m%d-%H%M%S}-{slug}.md"
-    path.write_text(store.export_markdown(chat.id), encoding="utf-8")
+    path.write_text(markdown, encoding="utf-8")
     return path
 
 
@@ -97,14 +102,21 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         chat = self._selected()
         event.input.display = False
         if chat is not None and event.value.strip():
-            self._store.rename(chat.id, event.value)
+            try:
+                self._store.rename(chat.id, event.value)
+            except ChatStoreError as error:
+                self.notify(f"Could not rename the chat: {error}", severity="error", timeout=10)
             self._fill()
         self.query_one(DataTable).focus()
 
     def action_delete(self) -> None:
         chat = self._selected()
         if chat is not None:
-            self._store.delete(chat.id)
+            try:
+                self._store.delete(chat.id)
+            except ChatStoreError as error:
+                self.notify(f"Could not delete the chat: {error}", severity="error", timeout=10)
+                return
             self._fill()
             self.notify(f"Deleted “{chat.title}”.")
 

@@ -1,0 +1,59 @@
+"""Turns the chat store has not taken yet: kept in memory, in order, and written whole later.
+
+A full disk or another program's lock must cost the user nothing: the app keeps each finished
+turn here, writes it with ``ChatStore.append_turn`` (one transaction, so never half a turn)
+and, when the database refuses, keeps it and says why until a later try succeeds.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from engine.types import Message
+from exo_tui.store.chats import ChatStore, ChatStoreError, ChatSummary, ChatWriteError
+
+
+class UnsavedTurns:
+    """Safe to share between threads: saves run one at a time, oldest turn first."""
+
+    def __init__(self, store: ChatStore) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._turns: list[tuple[ChatSummary, tuple[Message, ...]]] = []
+        self.problem: str | None = None  # why the last save failed, until one succeeds
+
+    def add(self, chat: ChatSummary, messages: Sequence[Message]) -> None:
+        """Keep a finished turn for saving (a store opened read-only keeps nothing new)."""
+        if self._store.read_only or not messages:
+            return
+        with self._lock:
+            self._turns.append((chat, tuple(messages)))
+
+    def save(self) -> str | None:
+        """Write every waiting turn; None when all are in, else why not (they stay here)."""
+        with self._lock:
+            while self._turns:
+                chat, messages = self._turns[0]
+                try:
+                    self._store.append_turn(chat, messages)
+                except ChatWriteError as error:
+                    self.problem = f"{error.reason}. {error.fix}"
+                    return self.problem
+                except ChatStoreError as error:
+                    self.problem = str(error)
+                    return self.problem
+                del self._turns[0]
+            self.problem = None
+            return None
+
+    @property
+    def waiting(self) -> int:
+        """How many messages wait to be saved."""
+        with self._lock:
+            return sum(len(messages) for _, messages in self._turns)
+
+    def of(self, chat_id: str) -> list[Message]:
+        """The messages of a chat that wait to be saved, in order."""
+        with self._lock:
+            return [m for chat, messages in self._turns if chat.id == chat_id for m in messages]
