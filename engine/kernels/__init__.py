@@ -2,12 +2,12 @@
 
 MLX's x86 CPU kernels for these products are scalar loops, so every mlx-community model (4-bit,
 8-bit, bf16) ran at a fraction of the memory speed here. `_kernels` is a C++ extension built at
-install with MLX's own extension support (csrc/, CMakeLists.txt): MLX primitives with `eval_cpu`,
-vectorised for AVX-512 (with AVX512-BF16 and AMX where the CPU has them) and AVX2, chosen from
-what the CPU reports at run time, with a portable build for every other CPU, multithreaded over
-output rows. Few rows of x (decoding) run as GEMVs on the packed weights; many rows (prefill) on
-AMX tiles, or else a dequantized tile at a time through BLAS. Weights stay in their stored
-format.
+install with MLX's own extension support (csrc/, CMakeLists.txt): MLX primitives with
+`eval_cpu`, vectorised for AVX-512 (with AVX512-BF16 and AMX where the CPU has them) and AVX2,
+chosen from what the CPU reports at run time, with a portable build for every other CPU,
+multithreaded over output rows, and the RMS norms (MLX's CPU runs them as a chain of generic
+ops). Few rows of x (decoding) run as GEMVs on the packed weights; many rows (prefill) on AMX
+tiles, or else a dequantized tile at a time through BLAS. Weights stay in their stored format.
 
 `engine.kernels.routing.install(model)` routes a loaded model's linears here when MLX computes on
 the CPU. `EXO_TUI_KERNELS=mlx` keeps MLX's own kernels. Where the extension is absent (no
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 QUANTIZED_BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 HALF_TYPES = (mx.bfloat16, mx.float16)
+FLOAT_TYPES = (mx.float32, mx.bfloat16, mx.float16)
 SLOW_NOTE = (
     "MLX's own CPU kernels for quantized and 16-bit weights are scalar: 4-bit and bf16 models run "
     "many times slower"
@@ -97,6 +98,13 @@ def quantized_matmul(
     module = extension()
     assert module is not None
     return cast(mx.array, module.quantized_matmul(x, w, scales, biases, group_size, bits))
+
+
+def rms_norm(x: mx.array, w: mx.array, eps: float) -> mx.array:
+    """mx.fast.rms_norm(x, w, eps), the same values, for x and w of one float type."""
+    module = extension()
+    assert module is not None
+    return cast(mx.array, module.rms_norm(x, w, eps))
 
 
 def half_matmul(x: mx.array, w: mx.array) -> mx.array:

@@ -1,8 +1,8 @@
 """Route a model's linears to the CPU kernels: mlx-lm's `QuantizedLinear`, `Linear` with 16-bit
 weights, `QuantizedEmbedding.as_linear` (a tied head) and the sharded linears that tensor
-parallelism uses. Each routed layer gets a subclass of its own class whose forward pass calls the
-kernels; its weights and parameters are untouched, so loading, sharding and the ring see the
-same module tree.
+parallelism uses; and its `RMSNorm`s. Each routed layer gets a subclass of its own class whose
+forward pass calls the kernels; its weights and parameters are untouched, so loading, sharding
+and the ring see the same module tree.
 """
 # pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false, reportUnknownVariableType=false
 # pyright: reportUnknownArgumentType=false, reportAttributeAccessIssue=false
@@ -60,6 +60,13 @@ def _half_as_linear(self: Any, x: mx.array) -> mx.array:
     return kernels.half_matmul(x, self["weight"])
 
 
+def _rms_norm(self: Any, x: mx.array) -> mx.array:
+    weight = self["weight"]
+    if x.dtype != weight.dtype or x.dtype not in kernels.FLOAT_TYPES:
+        return mx.fast.rms_norm(x, weight, self.eps)
+    return kernels.rms_norm(x, weight, self.eps)
+
+
 _QUANTIZED_FORWARD = {
     nn.QuantizedLinear: ("__call__", _quantized_linear),
     distributed.QuantizedAllToShardedLinear: ("__call__", _quantized_linear),
@@ -107,6 +114,9 @@ def install(model: nn.Module) -> int:
                 continue
             method, forward = _QUANTIZED_FORWARD[cls]
             layer.__class__ = _routed_class(cls, method, forward)
+            routed += 1
+        elif cls is nn.RMSNorm:
+            layer.__class__ = _routed_class(cls, "__call__", _rms_norm)
             routed += 1
         elif cls in _HALF_FORWARD and layer["weight"].dtype in kernels.HALF_TYPES:
             method, forward = _HALF_FORWARD[cls]

@@ -191,6 +191,34 @@ def test_half_matmul_matches_mlx(
     assert_close(got, x32 @ w32.T, mx.abs(x32) @ mx.abs(w32).T, out_type)
 
 
+@PROPERTIES
+@given(
+    dtype=st.sampled_from(FLOATS),
+    shape=st.sampled_from([(1, 1, 2048), (3, 64), (2, 5, 7, 128), (1, 1000), (4, 1)]),
+    eps=st.sampled_from([1e-5, 1e-6, 0.1]),
+    seed=st.integers(0, 2**16),
+)
+def test_rms_norm_matches_mlx(
+    dtype: mx.Dtype, shape: tuple[int, ...], eps: float, seed: int
+) -> None:
+    """The same two roundings as MLX's rms_norm; only the order of the sum of squares may
+    differ, which moves a rounding by at most one step of the type (twice: normalised, then
+    weighted)."""
+    x = (mx.random.normal(shape, key=mx.random.key(seed)) * 3).astype(dtype)
+    w = mx.random.normal(shape[-1:], key=mx.random.key(seed + 1)).astype(dtype)
+    got, expected = kernels.rms_norm(x, w, eps), mx.fast.rms_norm(x, w, eps)
+    assert got.dtype == dtype and got.shape == x.shape
+    step = {mx.float32: 2.0**-22, mx.bfloat16: 2.0**-7, mx.float16: 2.0**-10}[dtype]
+    difference = mx.abs(got.astype(mx.float32) - expected.astype(mx.float32))
+    assert bool(mx.all(difference <= 2 * step * mx.abs(expected.astype(mx.float32)) + 1e-30))
+
+
+def test_a_models_norms_run_on_the_kernels(kernel_models: dict[str, Path]) -> None:
+    loaded = load_model_sync(kernel_models["qwen3-q4-g32"])  # its q and k norms too
+    norms = [m for _, m in loaded.model.named_modules() if isinstance(m, nn.RMSNorm)]
+    assert norms and all(type(m).__name__ == "CpuRMSNorm" for m in norms)
+
+
 @pytest.mark.parametrize("rows", [1, 40])
 def test_the_head_of_a_tied_embedding_and_a_lazy_graph(isa: str, rows: int) -> None:
     """A product is a graph node like any other: it composes with other ops before an eval."""
@@ -333,7 +361,8 @@ def test_an_uncovered_quantization_runs_on_mlx_and_says_so_once(
         folder = quantized_copy(source, tmp_path / f"q{bits}", bits, 64)
         with caplog.at_level(logging.WARNING, logger="engine.kernels"):
             loaded = load_model_sync(folder)
-        assert not any(type(m).__name__.startswith("Cpu") for _, m in loaded.model.named_modules())
+        linears = [m for _, m in loaded.model.named_modules() if not isinstance(m, nn.RMSNorm)]
+        assert not any(type(m).__name__.startswith("Cpu") for m in linears)
         prompt = loaded.tokenizer.encode("Hello there")
         tokens, _ = greedy_logits(loaded.model, prompt, 4)
         assert len(tokens) == 4

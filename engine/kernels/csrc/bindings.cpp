@@ -27,6 +27,8 @@ NB_MODULE(_kernels, m) {
         "x @ dequantize(w, scales, biases).T for MLX's affine 4- and 8-bit weights");
   m.def("half_matmul", &exo_kernels::half_matmul, "x"_a, "w"_a, nb::kw_only(),
         "stream"_a = nb::none(), "x @ w.T for bfloat16 or float16 weights");
+  m.def("rms_norm", &exo_kernels::rms_norm, "x"_a, "w"_a, "eps"_a, nb::kw_only(),
+        "stream"_a = nb::none(), "mx.fast.rms_norm(x, w, eps) for x and w of one float type");
   m.def("isa", [] { return std::string(exo_kernels::best_isa().name); },
         "The instruction set the kernels run with on this CPU");
   m.def("isa_supported", [](const std::string& name) {

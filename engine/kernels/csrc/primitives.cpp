@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "matmul.h"
+#include "norms.h"
 #include "mlx/backend/cpu/encoder.h"
 
 namespace exo_kernels {
@@ -80,6 +81,41 @@ mx::array half_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice
   return mx::array(with_last(x, w.shape(0)), out_type, std::make_shared<CpuHalfMatmul>(stream),
                    {mx::contiguous(mx::astype(x, out_type, stream), false, stream),
                     mx::contiguous(w, false, stream)});
+}
+
+mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s) {
+  if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != x.shape(-1)) {
+    std::ostringstream message;
+    message << "w must be one-dimensional with x's last dimension (" << (x.ndim() ? x.shape(-1) : 0)
+            << ")";
+    throw std::invalid_argument(message.str());
+  }
+  if (x.dtype() != w.dtype()) throw std::invalid_argument("x and w must share a dtype");
+  scalar_of(x.dtype(), "x");
+  mx::Stream stream = cpu_stream(s);
+  return mx::array(x.shape(), x.dtype(), std::make_shared<CpuRmsNorm>(stream, eps),
+                   {mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)});
+}
+
+void CpuRmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_input_array(w);
+  encoder.set_output_array(out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
+                    out = mx::array::unsafe_weak_copy(out), eps = eps_]() mutable {
+    const int d = x.shape(-1);
+    if (d == 0 || x.size() == 0) return;
+    run_rms_norm(x.data<void>(), w.data<void>(), out.data<void>(), scalar_of(x.dtype(), "x"),
+                 static_cast<long>(x.size() / d), d, eps);
+  });
+}
+
+void CpuRmsNorm::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuRmsNorm runs on the CPU only; use mx.fast.rms_norm");
 }
 
 void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {

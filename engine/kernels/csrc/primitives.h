@@ -17,6 +17,9 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
 // x @ w.T with w in bf16 or fp16.
 mx::array half_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s = {});
 
+// mx.fast.rms_norm(x, w, eps) over the last axis, for x and w of one float type.
+mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s = {});
+
 class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  public:
   CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits)
@@ -38,6 +41,20 @@ class CpuHalfMatmul : public mx::UnaryPrimitive {
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override { return "CpuHalfMatmul"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
+class CpuRmsNorm : public mx::UnaryPrimitive {
+ public:
+  CpuRmsNorm(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "CpuRmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return eps_ == static_cast<const CpuRmsNorm&>(other).eps_;
+  }
+
+ private:
+  float eps_;
 };
 
 }  // namespace exo_kernels
