@@ -7,7 +7,11 @@ changes a model folder builds its own with ``build_tiny_model(tmp_path / ..., ..
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import resource
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +62,34 @@ def exo_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("EXO_TUI_HOME", str(home))
     monkeypatch.delenv("EXO_TUI_KEY", raising=False)
     return home
+
+
+# Connections a flood test holds open at once.
+FLOOD = 2100
+
+
+@pytest.fixture
+def room_for_a_flood() -> Iterator[None]:
+    """This process may hold a flood's sockets (mlx-lm, imported by the tests, set the limit to
+    2048)."""
+    before = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = FLOOD + 1024
+    if before[1] != resource.RLIM_INFINITY and before[1] < wanted:
+        pytest.skip(f"the hard file limit here is {before[1]}: too low to hold {FLOOD} sockets")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(wanted, before[0]), before[1]))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, before)
+
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A 1 MiB tmpfs, unmounted after the test (root only: mounting needs it)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = Path(tempfile.mkdtemp(prefix="exo-small-disk-"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+        mount.rmdir()

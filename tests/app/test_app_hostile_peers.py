@@ -5,10 +5,8 @@ in rate, and what peers claim is shown escaped."""
 from __future__ import annotations
 
 import json
-import resource
 import secrets
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -79,18 +77,6 @@ async def test_fake_handshakes_make_one_entry_per_address_and_few_notices(tmp_pa
         assert f"×{FAKES}" in shown and "\x1b" not in shown
         assert "1 foreign" in str(app.query_one("#nodes").border_subtitle)
         assert app.is_running
-
-
-@pytest.fixture
-def room_for_a_flood() -> Iterator[None]:
-    """The app and the flood share this process: both ends of every connection count."""
-    before = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = FLOOD + 1024
-    if before[1] != resource.RLIM_INFINITY and before[1] < wanted:
-        pytest.skip(f"the hard file limit here is {before[1]}: too low to hold {FLOOD} sockets")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(wanted, before[0]), before[1]))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, before)
 
 
 def flood(port: int, count: int) -> list[socket.socket]:

@@ -3,11 +3,7 @@ it is saved whole once there is room again."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,19 +14,6 @@ from exo_tui.cluster.state import RunnerReady
 from tests.app.helpers import fixed_stats, wait_until
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def small_disk() -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = Path(tempfile.mkdtemp(prefix="exo-small-disk-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-        mount.rmdir()
 
 
 def _fill(disk: Path) -> Path:

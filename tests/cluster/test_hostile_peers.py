@@ -62,18 +62,6 @@ def files_limit(soft: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, before)
 
 
-@pytest.fixture
-def room_for_a_flood() -> Iterator[None]:
-    """This process may hold the flood's sockets (mlx-lm, imported by the tests, set 2048)."""
-    before = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = FLOOD + 1024
-    if before[1] != resource.RLIM_INFINITY and before[1] < wanted:
-        pytest.skip(f"the hard file limit here is {before[1]}: too low to hold {FLOOD} sockets")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(wanted, before[0]), before[1]))
-    yield
-    resource.setrlimit(resource.RLIMIT_NOFILE, before)
-
-
 def hello(name: str, version: int = PROTOCOL_VERSION) -> bytes:
     payload = json.dumps({
         "type": "hello", "version": version, "node_id": "n-" + secrets.token_hex(4),

@@ -40,20 +40,6 @@ def _count(db: Path) -> int:
         return raw.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
 
 
-@pytest.fixture
-def small_disk() -> Iterator[Path]:
-    """A 1 MiB tmpfs, unmounted after the test (root only: mounting needs it)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount = Path(tempfile.mkdtemp(prefix="exo-small-disk-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=True)
-        mount.rmdir()
-
-
 def _fill(disk: Path, leave: int) -> Path:
     """Fill `disk` until fewer than `leave` bytes are free; the filler file."""
     filler = disk / "filler"
