@@ -33,6 +33,17 @@ mx::Stream cpu_stream(mx::StreamOrDevice s) {
   return stream;
 }
 
+// The output's buffer allocated and the arrays registered with the stream's encoder, as every
+// eval_cpu starts.
+mx::cpu::CommandEncoder& prepared_encoder(mx::Stream stream, const std::vector<mx::array>& inputs,
+                                          mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& input : inputs) encoder.set_input_array(input);
+  encoder.set_output_array(out);
+  return encoder;
+}
+
 }  // namespace
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
@@ -100,11 +111,7 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
 void CpuRmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& x = inputs[0];
   const auto& w = inputs[1];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(x);
-  encoder.set_input_array(w);
-  encoder.set_output_array(out);
+  auto& encoder = prepared_encoder(stream(), inputs, out);
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                     out = mx::array::unsafe_weak_copy(out), eps = eps_]() mutable {
     const int d = x.shape(-1);
@@ -123,13 +130,7 @@ void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   const auto& w = inputs[1];
   const auto& scales = inputs[2];
   const auto& biases = inputs[3];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(x);
-  encoder.set_input_array(w);
-  encoder.set_input_array(scales);
-  encoder.set_input_array(biases);
-  encoder.set_output_array(out);
+  auto& encoder = prepared_encoder(stream(), inputs, out);
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                     scales = mx::array::unsafe_weak_copy(scales),
                     biases = mx::array::unsafe_weak_copy(biases),
@@ -157,11 +158,7 @@ bool CpuQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
 void CpuHalfMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& x = inputs[0];
   const auto& w = inputs[1];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(x);
-  encoder.set_input_array(w);
-  encoder.set_output_array(out);
+  auto& encoder = prepared_encoder(stream(), inputs, out);
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                     out = mx::array::unsafe_weak_copy(out)]() mutable {
     const int n = w.shape(0);
