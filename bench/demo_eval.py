@@ -48,7 +48,7 @@ from engine.types import (  # noqa: E402
     ToolCallChunk,
     ToolSpec,
 )
-from exo_tui.tools import BUILTIN_TOOLS, builtin_registry, local_cluster_status  # noqa: E402
+from exo_tui.chat.tools import BUILTIN_TOOLS, builtin_registry, local_cluster_status  # noqa: E402
 
 TARGETS = {"right_tool": 0.90, "valid_arguments": 0.98, "answer_uses_result": 0.90}
 _JSON_TYPES: dict[str, type | tuple[type, ...]] = {

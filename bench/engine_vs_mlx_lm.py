@@ -180,7 +180,7 @@ def ten_turn_ttfts(loaded: Any, *, with_tools: bool, pause: str | None = None) -
     """
     from engine.generate import generate, prefill_next_turn
     from engine.types import ChatRequest, DoneChunk, Message
-    from exo_tui.tools import BUILTIN_TOOLS
+    from exo_tui.chat.tools import BUILTIN_TOOLS
 
     loaded.prompt_cache.clear()
     history: list[Message] = []

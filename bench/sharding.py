@@ -1,10 +1,11 @@
 """Benchmark: one model on 1 process, pipeline over 2 local ranks and tensor over 2 local ranks.
 
 The anchor is the engine in one fresh process (load_model + generate). The rings are real
-runner processes on 127.0.0.1 (exo_tui.cluster.ranks), the same ones `exo-tui chat --ranks 2`
-starts. Each configuration answers a short warm-up request, then the long prompt; prints the
-median prefill and decode tok/s of each, the ratios against one process, and each rank's
-weights (MLX active memory after loading) and peak memory while loading.
+runner processes on 127.0.0.1 (exo_tui.cluster.worker.local_ring), the same ones
+`exo-tui chat --ranks 2` starts. Each configuration answers a short warm-up request, then the
+long prompt; prints the median prefill and decode tok/s of each, the ratios against one
+process, and each rank's weights (MLX active memory after loading) and peak memory while
+loading.
 
     .venv/bin/python bench/sharding.py [--rounds 2] [--model PATH]
 """
@@ -101,7 +102,7 @@ def run_ring(model: Path, strategy: str) -> dict[str, Any]:
     from engine.loading import run_loading
     from engine.models import read_card
     from engine.types import DoneChunk, ErrorChunk
-    from exo_tui.cluster.ranks import start_local_ranks
+    from exo_tui.cluster.worker.local_ring import start_local_ranks
 
     ring = run_loading(start_local_ranks(read_card(model), strategy, 2))  # type: ignore[arg-type]
     with ring:

@@ -86,7 +86,7 @@ async def through_app(
 
     from exo_tui.app.main import ExoTuiApp
     from exo_tui.app.widgets.chat import PromptInput, StatsLine
-    from exo_tui.tools import ToolRegistry
+    from exo_tui.chat.tools import ToolRegistry
     from tests.app.helpers import fixed_stats
 
     StatsLine.on_mount = _note_done_shown  # type: ignore[attr-defined]

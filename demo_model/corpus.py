@@ -82,7 +82,7 @@ def _number(rng: random.Random) -> str:
 
 
 def _result_text(expression: str) -> str:
-    from exo_tui.tools import ToolError, calculate
+    from exo_tui.chat.tools import ToolError, calculate
 
     try:
         return str(calculate(expression))
@@ -424,7 +424,7 @@ _ZONES = ["UTC", "UTC", "CET", "CEST", "EST", "PST", "JST", "BST", "IST", ""]
 
 
 def clock_text(rng: random.Random) -> str:
-    """What `clock` returns (`exo_tui.tools.now_text`), for a random moment."""
+    """What `clock` returns (`exo_tui.chat.tools.now_text`), for a random moment."""
     text = (
         f"{rng.choice(_WEEKDAYS)} {rng.randint(1, 28):02d} {rng.choice(_MONTHS)} "
         f"{rng.randint(2024, 2032)}, {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} "
@@ -696,7 +696,7 @@ def _model_name(rng: random.Random, random_names: bool = False) -> str | None:
 
 
 def cluster_status(rng: random.Random, random_names: bool = False) -> dict[str, Any]:
-    """A random status in the shape of `exo_tui.tools.local_cluster_status`, 1-5 nodes
+    """A random status in the shape of `exo_tui.chat.tools.local_cluster_status`, 1-5 nodes
     (`random_names`: many names of random characters, as training uses)."""
     count = rng.choices([1, 2, 3, 4, 5], weights=[5, 3, 2, 1, 1])[0]
     names: list[str] = []

@@ -65,7 +65,7 @@ COPY_WEIGHT = 4.0  # not FIRST_TOKEN_WEIGHT: `--decision-weight` finds first tok
 def tools() -> list[dict[str, Any]]:
     """The tool schemas exactly as `engine.generate.render_prompt` renders the built-in tools."""
     from engine.parsers import tool_schema
-    from exo_tui.tools import BUILTIN_TOOLS
+    from exo_tui.chat.tools import BUILTIN_TOOLS
 
     return [tool_schema(t) for t in BUILTIN_TOOLS]
 

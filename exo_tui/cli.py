@@ -220,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def show_key(args: argparse.Namespace) -> int:
     """`exo-tui key`: the key (or its fingerprint) on stdout, what to do with it on stderr."""
-    from exo_tui.store import identity
+    from exo_tui.cluster import identity
 
     key = identity.replace_cluster_key() if args.new else identity.load_cluster_key()
     print(key.fingerprint if args.show_fingerprint else key.text)
@@ -249,8 +249,8 @@ def show_key(args: argparse.Namespace) -> int:
 def cluster_setup(args: argparse.Namespace) -> ClusterSetup:
     """Identity, key and options of this node from the command line; EngineError when bad."""
     from engine.errors import EngineError
+    from exo_tui.cluster import identity
     from exo_tui.cluster.node import DEFAULT_PORT, ClusterSetup, NodeOptions, parse_peer
-    from exo_tui.store import identity
 
     for peer in args.peer:
         try:
@@ -272,7 +272,7 @@ def cluster_setup(args: argparse.Namespace) -> ClusterSetup:
 
 def start_node(args: argparse.Namespace) -> int:
     """`exo-tui node`: check the options, then serve until Ctrl+C or SIGTERM."""
-    from exo_tui.node_command import run_node
+    from exo_tui.commands.node import run_node
 
     setup = cluster_setup(args)
     return run_node(setup.identity, setup.key, setup.options, args.models_dir, args.json)
@@ -284,15 +284,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "chat":
-            from exo_tui.headless import run_chat
+            from exo_tui.commands.chat import run_chat
 
             return run_chat(args, cluster_setup(args) if args.cluster else None)
         if args.command == "models" and args.models_command == "download":
-            from exo_tui.download_command import run_download
+            from exo_tui.commands.download import run_download
 
             return run_download(args)
         if args.command == "models":
-            from exo_tui.headless import list_models
+            from exo_tui.commands.chat import list_models
 
             return list_models(args, cluster_setup(args) if args.cluster else None)
         if args.command == "key":

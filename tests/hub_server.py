@@ -328,7 +328,7 @@ def use_hub(
     monkeypatch: pytest.MonkeyPatch, server: HubServer, hf_home: Path, cache: Path | None = None
 ) -> None:
     """Downloads in this process go to `server`, into `hf_home` (and `cache`, when given: the
-    hub cache). exo_tui.downloads reads these at each call, so setting them here is enough.
+    hub cache). exo_tui.hub.downloads reads these at each call, so setting them here is enough.
     Small chunks: a tiny file lands in many progress steps and can be cut midway."""
     monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
     monkeypatch.setenv("HF_HOME", str(hf_home))

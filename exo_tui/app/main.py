@@ -1,9 +1,9 @@
 """The Textual app: nodes, model, strategy, placement preview, per-node load bars and the chat.
 
 The app renders state and turns keys into commands. Cluster state changes only through the pure
-reducer (`exo_tui.cluster.state.apply`); loading and generation run in thread workers and come
-back as messages; each finished turn is written to the store whole, and kept in memory until
-the store takes it. Quitting stops the MLX work and waits for it, then checkpoints the store.
+reducer (`exo_tui.cluster.control.state.apply`); loading and generation run in thread workers
+and come back as messages; each finished turn is written to the store whole, and kept in memory
+until the store takes it. Quitting stops the MLX work and waits for it, then checkpoints the store.
 """
 
 from __future__ import annotations
@@ -52,12 +52,11 @@ from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
 from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
-from exo_tui.catalogue import CatalogueEntry, entry_card, load_catalogue
-from exo_tui.cluster.coordinator import ClusterError, Fetches, plan_fetches
-from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
-from exo_tui.cluster.node import ClusterSetup, Foreign, Node
-from exo_tui.cluster.placement import Placement, PlacementError, Strategy, fit, place
-from exo_tui.cluster.state import (
+from exo_tui.chat.tools import builtin_registry
+from exo_tui.chat.turn import GenerateFn, TurnEvent, chat_turn
+from exo_tui.cluster.control.coordinator import ClusterError, Fetches, plan_fetches
+from exo_tui.cluster.control.placement import Placement, PlacementError, Strategy, fit, place
+from exo_tui.cluster.control.state import (
     ClusterEvent,
     ClusterState,
     ForeignNode,
@@ -79,7 +78,9 @@ from exo_tui.cluster.state import (
     Unloaded,
     apply,
 )
-from exo_tui.conversation import GenerateFn, TurnEvent, chat_turn
+from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
+from exo_tui.cluster.node import ClusterSetup, Foreign, Node
+from exo_tui.hub.catalogue import CatalogueEntry, entry_card, load_catalogue
 from exo_tui.rate import NoticeRate
 from exo_tui.store.chats import (
     ChatStore,
@@ -90,7 +91,6 @@ from exo_tui.store.chats import (
     render_markdown,
 )
 from exo_tui.store.paths import config_dir, data_dir
-from exo_tui.tools import builtin_registry
 
 CONTEXT_LENGTH = 4096
 # Seconds without a key press before the typed message is prefilled: between bursts of typing.

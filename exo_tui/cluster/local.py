@@ -11,8 +11,8 @@ import psutil
 
 from engine import blas, kernels
 from engine.types import ModelCard
-from exo_tui.cluster.state import Backend, ClusterState, NodeStats
-from exo_tui.store.identity import NodeIdentity
+from exo_tui.cluster.control.state import Backend, ClusterState, NodeStats
+from exo_tui.cluster.identity import NodeIdentity
 
 GIB = 2**30
 

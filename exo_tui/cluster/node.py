@@ -28,11 +28,12 @@ import anyio.abc
 
 from exo_tui.cluster import accepting
 from exo_tui.cluster.admission import Admission
-from exo_tui.cluster.coordinator import Coordinator
+from exo_tui.cluster.control.coordinator import Coordinator
+from exo_tui.cluster.control.state import ClusterEvent, NodeLost, NodeStats, StatsUpdated
 from exo_tui.cluster.descriptors import raise_file_limit
 from exo_tui.cluster.discovery import Advert, Discovery, PeerFound, PeerRemoved
-from exo_tui.cluster.hosting import LOCAL_SESSION, Commander, RankHost
-from exo_tui.cluster.protocol import (
+from exo_tui.cluster.identity import ClusterKey, NodeIdentity
+from exo_tui.cluster.wire.protocol import (
     PROTOCOL_VERSION,
     Frame,
     FrameStream,
@@ -47,9 +48,8 @@ from exo_tui.cluster.protocol import (
     handshake_client,
     handshake_server,
 )
-from exo_tui.cluster.state import ClusterEvent, NodeLost, NodeStats, StatsUpdated
+from exo_tui.cluster.worker.rank_host import LOCAL_SESSION, Commander, RankHost
 from exo_tui.rate import RatePerKey
-from exo_tui.store.identity import ClusterKey, NodeIdentity
 from exo_tui.untrusted import NAME_LIMIT, REASON_LIMIT, shown
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from time import monotonic
 
 from textual.pilot import Pilot
 
-from exo_tui.cluster.state import NodeStats
+from exo_tui.cluster.control.state import NodeStats
 
 GB = 10**9
 

@@ -20,8 +20,8 @@ from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import ChatPane, PromptInput
 from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.nodes import NodeCard
-from exo_tui.cluster.placement import Placement
-from exo_tui.cluster.state import (
+from exo_tui.cluster.control.placement import Placement
+from exo_tui.cluster.control.state import (
     DownloadProgressed,
     ForeignNode,
     ForeignSeen,
@@ -35,7 +35,7 @@ from exo_tui.cluster.state import (
     NodeSeen,
     Unloaded,
 )
-from exo_tui.downloads import DownloadProgress
+from exo_tui.hub.downloads import DownloadProgress
 from tests.app.helpers import fixed_stats, wait_until
 
 SIZE = (120, 36)

@@ -19,7 +19,7 @@ from exo_tui.app.screens.model_picker import ModelPicker
 from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput, StatsLine, UserMessage
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodeCard
-from exo_tui.cluster.state import ClusterEvent, LoadProgressed, RunnerFailed, RunnerReady
+from exo_tui.cluster.control.state import ClusterEvent, LoadProgressed, RunnerFailed, RunnerReady
 from exo_tui.store.chats import open_chat_store
 from tests.app.helpers import GB, fixed_stats, wait_until
 

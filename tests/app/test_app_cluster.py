@@ -14,10 +14,10 @@ from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import AnswerView, ErrorLine, PromptInput, StatsLine
 from exo_tui.app.widgets.nodes import NodeCard
+from exo_tui.cluster.control.placement import Placement
+from exo_tui.cluster.control.state import RunnerReady
+from exo_tui.cluster.identity import ClusterKey, load_node_identity
 from exo_tui.cluster.node import ClusterSetup, NodeOptions
-from exo_tui.cluster.placement import Placement
-from exo_tui.cluster.state import RunnerReady
-from exo_tui.store.identity import ClusterKey, load_node_identity
 from tests.app.helpers import fixed_stats, wait_until
 from tests.cluster.node_process import FOREIGN_KEY, KEY, NodeProcess, StartNode
 
@@ -50,7 +50,7 @@ async def choose_every_node(pilot) -> None:  # type: ignore[no-untyped-def]
 
 
 async def test_the_node_chooser_sets_the_ring_order(tiny_llama: Path, tmp_path: Path) -> None:
-    from exo_tui.cluster.state import NodeSeen
+    from exo_tui.cluster.control.state import NodeSeen
 
     app = ExoTuiApp(
         model="tiny-llama", models_dirs=[tiny_llama.parent], node_stats=fixed_stats(),

@@ -13,9 +13,9 @@ from textual.widgets import Label
 from exo_tui.app.screens.download_confirm import DownloadConfirm
 from exo_tui.app.widgets.chat import AnswerView, PromptInput, StatsLine
 from exo_tui.app.widgets.nodes import NodeCard
-from exo_tui.cluster.placement import Placement
-from exo_tui.cluster.state import ClusterEvent, DownloadProgressed, RunnerReady
-from exo_tui.store.identity import load_node_identity
+from exo_tui.cluster.control.placement import Placement
+from exo_tui.cluster.control.state import ClusterEvent, DownloadProgressed, RunnerReady
+from exo_tui.cluster.identity import load_node_identity
 from tests.app.helpers import wait_until
 from tests.app.test_app_cluster import app_with_peer, choose_every_node
 from tests.app.test_app_download import catalogue_entry
@@ -99,5 +99,5 @@ async def test_each_node_downloads_its_share_with_a_bar_then_the_model_loads_and
     # Quitting the app stops the rank it ran for the instance (none left behind).
     assert not [
         child for child in psutil.Process().children()  # the peer node runs its own
-        if "exo_tui.cluster.runner" in " ".join(child.cmdline())
+        if "exo_tui.cluster.worker.runner" in " ".join(child.cmdline())
     ]  # fmt: skip

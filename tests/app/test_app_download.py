@@ -21,15 +21,15 @@ from textual.pilot import Pilot
 from textual.widgets import OptionList, ProgressBar, Static
 
 from engine.models import read_card
-from exo_tui import downloads
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.download_confirm import DownloadConfirm
 from exo_tui.app.screens.model_picker import ModelPicker
 from exo_tui.app.widgets.download import DownloadPanel
-from exo_tui.catalogue import CatalogueEntry, cache_folder
-from exo_tui.cluster.placement import format_bytes
-from exo_tui.cluster.state import RunnerReady
-from exo_tui.downloads import DownloadProgress
+from exo_tui.cluster.control.placement import format_bytes
+from exo_tui.cluster.control.state import RunnerReady
+from exo_tui.hub import downloads
+from exo_tui.hub.catalogue import CatalogueEntry, cache_folder
+from exo_tui.hub.downloads import DownloadProgress
 from tests.app.helpers import fixed_stats, wait_until
 from tests.hub_server import HubServer, use_hub
 

@@ -15,9 +15,9 @@ import pytest
 from textual.widgets import Static
 
 from exo_tui.app.main import ExoTuiApp
+from exo_tui.cluster.identity import ClusterKey, load_node_identity
 from exo_tui.cluster.node import ClusterSetup, NodeOptions
-from exo_tui.cluster.protocol import HEADER, PROTOCOL_VERSION
-from exo_tui.store.identity import ClusterKey, load_node_identity
+from exo_tui.cluster.wire.protocol import HEADER, PROTOCOL_VERSION
 from tests.app.helpers import fixed_stats, wait_until
 from tests.cluster.node_process import KEY, StartNode
 

@@ -10,7 +10,7 @@ import pytest
 
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.widgets.chat import PromptInput, StatsLine
-from exo_tui.cluster.state import RunnerReady
+from exo_tui.cluster.control.state import RunnerReady
 from tests.app.helpers import fixed_stats, wait_until
 
 pytestmark = pytest.mark.anyio

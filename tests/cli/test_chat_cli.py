@@ -14,7 +14,7 @@ import pytest
 
 from engine.blas import find_openblas
 from engine.parsers import tool_schema
-from exo_tui.tools import BUILTIN_TOOLS
+from exo_tui.chat.tools import BUILTIN_TOOLS
 
 EXO_TUI = [sys.executable, "-m", "exo_tui.cli"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from exo_tui.catalogue import CatalogueEntry, parse_catalogue
+from exo_tui.hub.catalogue import CatalogueEntry, parse_catalogue
 from tests.app.test_app_download import catalogue_entry
 from tests.cluster.node_process import KEY, ROOT, StartNode
 from tests.hub_server import HubServer

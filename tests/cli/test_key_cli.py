@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exo_tui.store.identity import KEY_ENV, ClusterKey
+from exo_tui.cluster.identity import KEY_ENV, ClusterKey
 
 EXO_TUI = [sys.executable, "-m", "exo_tui.cli"]
 

@@ -21,9 +21,9 @@ from engine.generate import generate
 from engine.loading import load_model_sync
 from engine.models import read_card
 from engine.types import DoneChunk, ModelCard
-from exo_tui.cluster.coordinator import ClusterError, plan_fetches
-from exo_tui.cluster.placement import Placement
-from exo_tui.cluster.state import DownloadProgressed, LoadProgressed, LoadStarted, NodeStats
+from exo_tui.cluster.control.coordinator import ClusterError, plan_fetches
+from exo_tui.cluster.control.placement import Placement
+from exo_tui.cluster.control.state import DownloadProgressed, LoadProgressed, LoadStarted, NodeStats
 from tests.cluster.node_process import NodeProcess, StartNode
 from tests.cluster.test_coordinator import REQUEST, Coordinating, collect, runner_pids
 from tests.hostile_hub import HostileHub, climb_to, tree_outside
@@ -253,7 +253,7 @@ async def test_a_hostile_hub_behind_a_shard_fetch_writes_nothing_outside_the_nod
 def test_a_model_that_is_not_a_hub_repo_cannot_be_fetched(tiny_llama: Path) -> None:
     card = read_card(tiny_llama)  # a local folder: nothing to download it from
     placement_card = card.model_copy(update={"name": "tiny-llama"})
-    from exo_tui.cluster.placement import place
+    from exo_tui.cluster.control.placement import place
 
     nodes = [
         NodeStats(node_id=i, name=i, backend="cpu", blas="", memory_total_bytes=2**34,

@@ -50,7 +50,7 @@ class Running:
         found: list[int] = []
         for child in children:
             try:
-                if "exo_tui.cluster.runner" in " ".join(child.cmdline()):
+                if "exo_tui.cluster.worker.runner" in " ".join(child.cmdline()):
                     found.append(child.pid)
             except psutil.NoSuchProcess:
                 pass

@@ -22,11 +22,9 @@ from engine.generate import generate
 from engine.loading import load_model_sync
 from engine.models import read_card
 from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message, ModelCard
-from exo_tui.cluster.coordinator import ClusterError
-from exo_tui.cluster.local import local_node_stats
-from exo_tui.cluster.node import Node, NodeOptions
-from exo_tui.cluster.placement import Placement, place
-from exo_tui.cluster.state import (
+from exo_tui.cluster.control.coordinator import ClusterError
+from exo_tui.cluster.control.placement import Placement, place
+from exo_tui.cluster.control.state import (
     ClusterEvent,
     ClusterState,
     InstancePlaced,
@@ -34,7 +32,9 @@ from exo_tui.cluster.state import (
     LoadProgressed,
     apply,
 )
-from exo_tui.store.identity import ClusterKey, NodeIdentity
+from exo_tui.cluster.identity import ClusterKey, NodeIdentity
+from exo_tui.cluster.local import local_node_stats
+from exo_tui.cluster.node import Node, NodeOptions
 from tests.cluster.node_process import KEY, NodeProcess, StartNode
 
 pytestmark = pytest.mark.anyio

@@ -27,7 +27,7 @@ import anyio
 import psutil
 import pytest
 
-from exo_tui.cluster.protocol import HEADER, PROTOCOL_VERSION
+from exo_tui.cluster.wire.protocol import HEADER, PROTOCOL_VERSION
 from tests.cluster.node_process import KEY, ROOT, StartNode, _is
 
 FLOOD = 2100

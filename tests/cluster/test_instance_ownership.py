@@ -20,8 +20,10 @@ from engine.loading import load_model_sync
 from engine.models import read_card
 from engine.parallel import ShardSpec
 from engine.types import DoneChunk, TextChunk
-from exo_tui.cluster.placement import Placement, place
-from exo_tui.cluster.protocol import (
+from exo_tui.cluster.control.placement import Placement, place
+from exo_tui.cluster.control.state import NodeStats
+from exo_tui.cluster.identity import ClusterKey
+from exo_tui.cluster.wire.protocol import (
     CancelChat,
     ChatFinished,
     ChatFrame,
@@ -40,8 +42,6 @@ from exo_tui.cluster.protocol import (
     StopInstance,
     handshake_client,
 )
-from exo_tui.cluster.state import NodeStats
-from exo_tui.store.identity import ClusterKey
 from tests.cluster.node_process import KEY, NodeProcess, StartNode
 from tests.cluster.test_coordinator import REQUEST, Coordinating, collect, runner_pids
 

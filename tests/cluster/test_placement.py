@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.types import ModelCard, Quantization
-from exo_tui.cluster.placement import (
+from exo_tui.cluster.control.placement import (
     Placement,
     PlacementError,
     Shard,

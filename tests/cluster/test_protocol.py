@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo_tui.cluster.protocol import (
+from exo_tui.cluster.control.state import NodeStats
+from exo_tui.cluster.wire.protocol import (
     HEADER,
     MAX_FRAME_BYTES,
     MAX_HANDSHAKE_FRAME_BYTES,
@@ -42,7 +43,6 @@ from exo_tui.cluster.protocol import (
     handshake_client,
     handshake_server,
 )
-from exo_tui.cluster.state import NodeStats
 
 pytestmark = pytest.mark.anyio
 

@@ -33,7 +33,7 @@ from engine.types import (
     ModelCard,
     TextChunk,
 )
-from exo_tui.cluster.ranks import LocalRing, RingError, _Rank, start_local_ranks
+from exo_tui.cluster.worker.local_ring import LocalRing, RingError, _Rank, start_local_ranks
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,7 +67,7 @@ def runners() -> list[psutil.Process]:
     found: list[psutil.Process] = []
     for child in psutil.Process().children(recursive=True):
         try:
-            runner = "exo_tui.cluster.runner" in " ".join(child.cmdline())
+            runner = "exo_tui.cluster.worker.runner" in " ".join(child.cmdline())
             if runner and child.status() != psutil.STATUS_ZOMBIE:
                 found.append(child)
         except psutil.NoSuchProcess:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from engine.parallel import pipeline_specs
 from engine.types import ChatRequest, LoadProgress, Message, TextChunk
-from exo_tui.cluster.runner_messages import (
+from exo_tui.cluster.worker.runner_messages import (
     CancelCommand,
     ChatCommand,
     LoadCommand,
@@ -81,7 +81,7 @@ def test_a_bad_command_fails_at_the_edge(line: str) -> None:
 
 def test_a_runner_given_a_bad_frame_says_so_and_exits() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "exo_tui.cluster.runner"],
+        [sys.executable, "-m", "exo_tui.cluster.worker.runner"],
         input=b'{"type": "reboot"}\n',
         capture_output=True,
         cwd=ROOT,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo_tui.cluster.protocol import (
+from exo_tui.cluster.wire.protocol import (
     HEADER,
     Frame,
     FrameStream,
@@ -21,7 +21,7 @@ from exo_tui.cluster.protocol import (
     StopInstance,
     encode,
 )
-from exo_tui.cluster.sealed import SealedChannel
+from exo_tui.cluster.wire.sealed import SealedChannel
 from tests.cluster.test_protocol import EVERY_FRAME, NONCE, STATS, ScriptedStream
 
 KEY = b"k" * 32

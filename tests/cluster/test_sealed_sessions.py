@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from exo_tui.cluster.protocol import Goodbye, encode
+from exo_tui.cluster.wire.protocol import Goodbye, encode
 from tests.cluster.node_process import NodeProcess, StartNode, _is
 from tests.cluster.relay import Attack, Relay
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
 from engine.types import ModelCard
-from exo_tui.cluster.placement import Placement, Shard, place
-from exo_tui.cluster.state import (
+from exo_tui.cluster.control.placement import Placement, Shard, place
+from exo_tui.cluster.control.state import (
     FOREIGN_LISTED,
     ClusterEvent,
     ClusterState,

@@ -153,7 +153,7 @@ def main(argv: Sequence[str]) -> None:
 
 def write_hostfile(folder: Path, world_size: int) -> Path:
     """MLX's ring hostfile: a JSON list with one list of "ip:port" per rank."""
-    from exo_tui.cluster.ranks import free_ports
+    from exo_tui.cluster.worker.local_ring import free_ports
 
     hostfile = folder / f"hosts-{world_size}.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(world_size)]))

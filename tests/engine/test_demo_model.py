@@ -26,7 +26,7 @@ from engine.types import (
     ToolCall,
     ToolCallChunk,
 )
-from exo_tui.tools import BUILTIN_TOOLS, calculate
+from exo_tui.chat.tools import BUILTIN_TOOLS, calculate
 
 QUESTION = "what is 12 times 34"
 

@@ -13,8 +13,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from exo_tui.catalogue import CatalogueEntry, cache_folder
-from exo_tui.cluster.placement import format_bytes
+from exo_tui.cluster.control.placement import format_bytes
+from exo_tui.hub.catalogue import CatalogueEntry, cache_folder
 
 
 def free_bytes(folder: Path) -> int | None:

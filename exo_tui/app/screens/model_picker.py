@@ -15,8 +15,8 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from engine.types import ModelCard
-from exo_tui.catalogue import CatalogueEntry
-from exo_tui.cluster.placement import format_bytes
+from exo_tui.cluster.control.placement import format_bytes
+from exo_tui.hub.catalogue import CatalogueEntry
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, SelectionList
 
-from exo_tui.cluster.state import NodeView
+from exo_tui.cluster.control.state import NodeView
 
 GB = 1e9
 

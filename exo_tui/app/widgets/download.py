@@ -1,6 +1,6 @@
 """The download panel: a hub download in a thread worker, with an overall bar and a file bar.
 
-The worker drives `exo_tui.downloads.download` (a generator of progress events) and posts what
+The worker drives `exo_tui.hub.downloads.download` (a generator of progress events) and posts what
 it yields as messages; `Finished` and `Failed` bubble up to the app, which picks the new model or
 says what went wrong. Cancelling sets the download's Event: partial files stay in the cache, so
 choosing the model again resumes them.
@@ -22,8 +22,8 @@ from textual.worker import get_current_worker
 
 from engine.errors import EngineError
 from exo_tui.app.widgets import quiet
-from exo_tui.cluster.placement import format_bytes
-from exo_tui.downloads import DownloadCancelled, DownloadProgress, download
+from exo_tui.cluster.control.placement import format_bytes
+from exo_tui.hub.downloads import DownloadCancelled, DownloadProgress, download
 
 # Bytes land in chunks far faster than a screen redraws: post at most this often (seconds),
 # plus every file's last chunk.

@@ -16,7 +16,13 @@ from textual.widgets import RadioButton, RadioSet, Static
 from engine.types import ModelCard
 from exo_tui.app.screens.model_picker import describe
 from exo_tui.app.widgets import quiet
-from exo_tui.cluster.placement import Placement, PlacementError, Shard, Strategy, format_bytes
+from exo_tui.cluster.control.placement import (
+    Placement,
+    PlacementError,
+    Shard,
+    Strategy,
+    format_bytes,
+)
 
 
 def shard_table(shards: tuple[Shard, ...], names: Mapping[str, str]) -> Table:

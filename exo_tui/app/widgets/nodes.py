@@ -8,8 +8,8 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import ProgressBar, Static
 
 from exo_tui.app.widgets import quiet
-from exo_tui.cluster.placement import format_bytes
-from exo_tui.cluster.state import (
+from exo_tui.cluster.control.placement import format_bytes
+from exo_tui.cluster.control.state import (
     ClusterState,
     NodeStats,
     NodeView,

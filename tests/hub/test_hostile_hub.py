@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import pytest
 
-from exo_tui.downloads import DownloadError, HubAnswerError, download
+from exo_tui.hub.downloads import DownloadError, HubAnswerError, download
 from tests.hostile_hub import HostileHub, climb_to, tree_outside
+from tests.hub.test_downloads import SHARDS, run, same_files
 from tests.hub_server import use_hub
-from tests.test_downloads import SHARDS, run, same_files
 
 REPO = "mlx-community/tiny-llama-4bit"
 VICTIM = b"a file of the user's, outside the cache\n"

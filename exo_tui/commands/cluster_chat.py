@@ -19,10 +19,10 @@ import anyio.to_thread
 from engine.errors import EngineError
 from engine.generate import CancelToken
 from engine.types import ChatRequest, Chunk, ModelCard, ModelReady
-from exo_tui.cluster.coordinator import plan_fetches
-from exo_tui.cluster.node import ClusterSetup, machine_node
-from exo_tui.cluster.placement import Placement, place
-from exo_tui.cluster.state import (
+from exo_tui.chat.turn import chat_turn
+from exo_tui.cluster.control.coordinator import plan_fetches
+from exo_tui.cluster.control.placement import Placement, place
+from exo_tui.cluster.control.state import (
     ClusterEvent,
     ClusterState,
     DownloadProgressed,
@@ -32,11 +32,11 @@ from exo_tui.cluster.state import (
     NodeStats,
     apply,
 )
-from exo_tui.conversation import chat_turn
+from exo_tui.cluster.node import ClusterSetup, machine_node
 
 if TYPE_CHECKING:
-    from exo_tui.headless import JsonLines, TextOutput
-    from exo_tui.tools import ToolRegistry
+    from exo_tui.chat.tools import ToolRegistry
+    from exo_tui.commands.chat import JsonLines, TextOutput
 
 
 def choose(state: ClusterState, wanted: str | None) -> tuple[NodeStats, ...]:
@@ -92,7 +92,7 @@ def run_chat_on_cluster(
     try:
         return anyio.run(_chat, args, setup, card, request, registry, out)
     except BaseExceptionGroup as group:  # the task group wraps what went wrong
-        from exo_tui.node_command import listen_error
+        from exo_tui.commands.node import listen_error
 
         raise _first_engine_error(group) or listen_error(group, setup.options) or group from None
 
@@ -158,7 +158,7 @@ async def _chat(
                     return
 
         def turn() -> int:
-            from exo_tui.headless import print_turn
+            from exo_tui.commands.chat import print_turn
 
             return print_turn(chat_turn(generate, request, registry), out)
 

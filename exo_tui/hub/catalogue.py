@@ -89,7 +89,7 @@ USER_CATALOGUE_ENV = "EXO_TUI_CATALOGUE"
 
 
 def _default_text() -> str:
-    return resources.files("exo_tui").joinpath("catalogue.toml").read_text(encoding="utf-8")
+    return resources.files("exo_tui.hub").joinpath("catalogue.toml").read_text(encoding="utf-8")
 
 
 def parse_catalogue(text: str, origin: str = "catalogue.toml") -> tuple[CatalogueEntry, ...]:

@@ -42,8 +42,8 @@ from pydantic import Field, FiniteFloat, TypeAdapter, ValidationError, field_val
 
 from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, Frozen
-from exo_tui.cluster.sealed import SealBroken, SealedChannel
-from exo_tui.cluster.state import NodeStats
+from exo_tui.cluster.control.state import NodeStats
+from exo_tui.cluster.wire.sealed import SealBroken, SealedChannel
 from exo_tui.untrusted import shown
 
 # 2: per-node downloads (FetchShard ...), partial models in cards; 3: sealed sessions

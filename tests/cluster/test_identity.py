@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from exo_tui.store.identity import (
+from exo_tui.cluster.identity import (
     KEY_ENV,
     ClusterKey,
     IdentityError,
@@ -256,7 +256,7 @@ def test_a_node_file_from_a_newer_version_keeps_its_id(exo_home: Path) -> None:
 
 def test_the_machine_fingerprint_is_the_same_in_every_process() -> None:
     # A fingerprint that changed per process would give this machine a new id at every start.
-    code = "from exo_tui.store.identity import machine_fingerprint; print(machine_fingerprint())"
+    code = "from exo_tui.cluster.identity import machine_fingerprint; print(machine_fingerprint())"
     other = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )

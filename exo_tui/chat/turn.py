@@ -23,7 +23,7 @@ from engine.types import (
     ToolCallChunk,
     ToolResult,
 )
-from exo_tui.tools import ToolRegistry
+from exo_tui.chat.tools import ToolRegistry
 
 MAX_TOOL_ROUNDS = 5
 

@@ -59,7 +59,7 @@ from engine.types import (
     Stats,
     Usage,
 )
-from exo_tui.cluster.runner_messages import (
+from exo_tui.cluster.worker.runner_messages import (
     CancelCommand,
     ChatCommand,
     JoinCommand,
@@ -370,7 +370,7 @@ class LocalRing:
         # The ranks share this machine's cores: BLAS threads of every rank on every core
         # oversubscribe it (pipeline decode ran at 6 tok/s instead of 14 on 2 cores).
         env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, machine_cores() // self.world_size)))
-        return self._popen(rank, [sys.executable, "-m", "exo_tui.cluster.runner"], env)
+        return self._popen(rank, [sys.executable, "-m", "exo_tui.cluster.worker.runner"], env)
 
     def _popen(self, rank: int, argv: list[str], env: dict[str, str]) -> _Rank:
         """Start `argv` as `rank`; its events are queued under its index in `_ranks`."""

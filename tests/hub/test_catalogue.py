@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineError
-from exo_tui.catalogue import (
+from exo_tui.cluster.control.placement import Placement, PlacementError, place
+from exo_tui.hub.catalogue import (
     CatalogueEntry,
     entry_card,
     find_entry,
     load_catalogue,
     parse_catalogue,
 )
-from exo_tui.cluster.placement import Placement, PlacementError, place
 
 ENTRIES = load_catalogue()
 

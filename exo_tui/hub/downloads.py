@@ -14,7 +14,7 @@ own `http_get`), and is moved into place only when its sha256 (LFS files) or git
 (the others) matches the hub's metadata; huggingface_hub's own helper then links it into the
 snapshot. Not `hf_hub_download` for that either: it takes each file's ETag and commit from the
 hub's headers as paths in the cache, so a hostile mirror could write outside it. Every name the
-hub sends is checked (exo_tui.hub_names) before it becomes a path, and every path written is
+hub sends is checked (exo_tui.hub.names) before it becomes a path, and every path written is
 resolved and must lie in the repo's cache folder.
 """
 # pyright: strict
@@ -71,7 +71,7 @@ from engine.models import (
     weight_index,
 )
 from engine.types import Frozen
-from exo_tui.hub_names import GitHash, RepoFileName, Sha256, check_hash, relative_path_problem
+from exo_tui.hub.names import GitHash, RepoFileName, Sha256, check_hash, relative_path_problem
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # Attempts at a file whose bytes do not match its hash before giving up.

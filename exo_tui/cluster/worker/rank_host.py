@@ -28,7 +28,8 @@ import anyio.to_thread
 from engine.errors import EngineError
 from engine.models import find_models
 from engine.types import Chunk, ModelCard
-from exo_tui.cluster.protocol import (
+from exo_tui.cluster.control.state import HostedRunner
+from exo_tui.cluster.wire.protocol import (
     CancelChat,
     ChatFinished,
     ChatFrame,
@@ -49,9 +50,8 @@ from exo_tui.cluster.protocol import (
     SendFrame,
     StopInstance,
 )
-from exo_tui.cluster.ranks import LocalRing, RingError, failure_chunks, free_ports
-from exo_tui.cluster.state import HostedRunner
-from exo_tui.downloads import DownloadError, download
+from exo_tui.cluster.worker.local_ring import LocalRing, RingError, failure_chunks, free_ports
+from exo_tui.hub.downloads import DownloadError, download
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import anyio
 
 from engine.errors import EngineError
+from exo_tui.cluster.control.state import ClusterEvent, NodeLost, StatsUpdated
+from exo_tui.cluster.identity import ClusterKey, NodeIdentity
 from exo_tui.cluster.node import ClusterSetup, Foreign, NodeOptions, machine_node
-from exo_tui.cluster.state import ClusterEvent, NodeLost, StatsUpdated
-from exo_tui.store.identity import ClusterKey, NodeIdentity
 from exo_tui.untrusted import NAME_LIMIT, shown
 
 # Refusals said per address: a peer may vary its name (and so the reason) with every attempt.

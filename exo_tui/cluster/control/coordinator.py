@@ -30,8 +30,18 @@ from engine.errors import EngineError
 from engine.generate import CancelToken
 from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, ModelCard
-from exo_tui.cluster.placement import Placement
-from exo_tui.cluster.protocol import (
+from exo_tui.cluster.control.placement import Placement
+from exo_tui.cluster.control.state import (
+    ClusterEvent,
+    DownloadProgressed,
+    LoadFailed,
+    LoadFinished,
+    LoadProgressed,
+    LoadStarted,
+    NodeStats,
+    Unloaded,
+)
+from exo_tui.cluster.wire.protocol import (
     CancelChat,
     ChatFinished,
     ChatFrame,
@@ -51,17 +61,7 @@ from exo_tui.cluster.protocol import (
     SendFrame,
     StopInstance,
 )
-from exo_tui.cluster.ranks import failure_chunks
-from exo_tui.cluster.state import (
-    ClusterEvent,
-    DownloadProgressed,
-    LoadFailed,
-    LoadFinished,
-    LoadProgressed,
-    LoadStarted,
-    NodeStats,
-    Unloaded,
-)
+from exo_tui.cluster.worker.local_ring import failure_chunks
 
 Address = Callable[[str], str]  # node id -> the address the ring reaches it on
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
-from exo_tui.catalogue import find_entry
-from exo_tui.downloads import Downloading, DownloadProgress, download
+from exo_tui.hub.catalogue import find_entry
+from exo_tui.hub.downloads import Downloading, DownloadProgress, download
 
 if TYPE_CHECKING:
     from rich.progress import TaskID

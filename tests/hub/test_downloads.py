@@ -14,7 +14,7 @@ import pytest
 
 from engine.loading import load_model_sync
 from engine.models import find_models, shard_files
-from exo_tui.downloads import (
+from exo_tui.hub.downloads import (
     DiskSpaceError,
     DownloadCancelled,
     Downloading,

@@ -1,6 +1,6 @@
 """One rank of an MLX ring in a process of its own: join the ring, load a shard, serve chats.
 
-    MLX_HOSTFILE=hosts.json MLX_RANK=1 python -m exo_tui.cluster.runner
+    MLX_HOSTFILE=hosts.json MLX_RANK=1 python -m exo_tui.cluster.worker.runner
 
 It reads RunnerCommands on stdin and writes RunnerEvents on stdout, one JSON line each (see
 runner_messages); whoever started it (a local supervisor, a node) speaks only that. Without
@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from engine.errors import EngineError, RequestError
 from engine.types import Frozen
-from exo_tui.cluster.runner_messages import (
+from exo_tui.cluster.worker.runner_messages import (
     CancelCommand,
     ChatCommand,
     JoinCommand,

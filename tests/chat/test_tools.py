@@ -8,9 +8,7 @@ from typing import Any
 
 import pytest
 
-from exo_tui.cluster.local import cluster_summary
-from exo_tui.cluster.state import ClusterState, NodeSeen, NodeStats, apply
-from exo_tui.tools import (
+from exo_tui.chat.tools import (
     BUILTIN_TOOLS,
     Tool,
     ToolError,
@@ -19,6 +17,8 @@ from exo_tui.tools import (
     calculate,
     local_cluster_status,
 )
+from exo_tui.cluster.control.state import ClusterState, NodeSeen, NodeStats, apply
+from exo_tui.cluster.local import cluster_summary
 
 
 @pytest.mark.parametrize(

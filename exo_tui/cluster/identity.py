@@ -29,8 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.errors import EngineError
 from engine.types import Frozen
+from exo_tui.cluster.key_strength import MIN_KEY_BITS, guess_bits
 from exo_tui.store import paths
-from exo_tui.store.key_strength import MIN_KEY_BITS, guess_bits
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from engine.types import (
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
+    from exo_tui.chat.tools import ToolRegistry
+    from exo_tui.cluster.control.state import DownloadProgressed, NodeStats
     from exo_tui.cluster.node import ClusterSetup
-    from exo_tui.cluster.state import DownloadProgressed, NodeStats
-    from exo_tui.tools import ToolRegistry
 
 
 def default_model_spec(models_dirs: list[Path] | None) -> str:
@@ -97,8 +97,8 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
     from engine.generate import validate
     from engine.loading import load_model, run_loading
     from engine.models import require_weight_files
-    from exo_tui.conversation import chat_turn
-    from exo_tui.tools import builtin_registry, local_cluster_status
+    from exo_tui.chat.tools import builtin_registry, local_cluster_status
+    from exo_tui.chat.turn import chat_turn
 
     prompt = read_prompt(args)
     request = build_request(args, prompt)
@@ -114,7 +114,7 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
         request = request.model_copy(update={"tools": registry.specs})
     out = JsonLines() if args.json else TextOutput(card)
     if cluster is not None:
-        from exo_tui.cluster_chat import run_chat_on_cluster
+        from exo_tui.commands.cluster_chat import run_chat_on_cluster
 
         return run_chat_on_cluster(args, cluster, card, request, registry, out)
     if args.ranks > 1:
@@ -136,7 +136,7 @@ def chat_card(spec: str, models_dirs: list[Path] | None) -> ModelCard:
     """The model to chat with: on disk (a path or a name), else a catalogue model by repo id,
     which `exo-tui chat` downloads (whole, or on a cluster each node its share)."""
     from engine.models import resolve_model
-    from exo_tui.catalogue import entry_card, find_entry
+    from exo_tui.hub.catalogue import entry_card, find_entry
 
     try:
         return resolve_model(spec, models_dirs)
@@ -150,7 +150,7 @@ def chat_card(spec: str, models_dirs: list[Path] | None) -> ModelCard:
 def downloaded(card: ModelCard, as_json: bool) -> ModelCard:
     """`card` once all its files are in the Hugging Face cache (fetching what is missing)."""
     from engine.models import missing_weight_files, read_card
-    from exo_tui.download_command import download_with_progress
+    from exo_tui.commands.download import download_with_progress
 
     folder = Path(card.path)
     if (folder / "config.json").is_file() and not missing_weight_files(folder):
@@ -168,8 +168,8 @@ def run_chat_on_ranks(
 ) -> int:
     """The same turn on `--ranks` local runner processes (an MLX ring on 127.0.0.1)."""
     from engine.loading import run_loading
-    from exo_tui.cluster.ranks import start_local_ranks
-    from exo_tui.conversation import chat_turn
+    from exo_tui.chat.turn import chat_turn
+    from exo_tui.cluster.worker.local_ring import start_local_ranks
 
     started = time.perf_counter()
     ring = run_loading(start_local_ranks(card, args.strategy, args.ranks), out.progress)
@@ -332,8 +332,8 @@ def _catalogue_lines(
 ) -> Iterator[str]:
     """Every catalogue model, with its size, whether it is on disk and whether (and how) it
     fits `nodes` (JSON: `type` catalogue)."""
-    from exo_tui.catalogue import entry_card, load_catalogue
-    from exo_tui.cluster.placement import fit
+    from exo_tui.cluster.control.placement import fit
+    from exo_tui.hub.catalogue import entry_card, load_catalogue
 
     paths = {card.name.lower(): card.path for card in cards}
     if not as_json:
@@ -364,7 +364,7 @@ def list_models(args: argparse.Namespace, cluster: ClusterSetup | None = None) -
 
     cards, skipped = find_models_with_errors(args.models_dir)
     if cluster is not None:
-        from exo_tui.cluster_chat import discover_nodes
+        from exo_tui.commands.cluster_chat import discover_nodes
 
         nodes = discover_nodes(cluster, args.models_dir, args.discover)
     else:

@@ -22,7 +22,7 @@ from typing import Annotated, Literal, Self
 from pydantic import Field, model_validator
 
 from engine.types import Frozen, ModelCard
-from exo_tui.cluster.placement import Placement, Strategy
+from exo_tui.cluster.control.placement import Placement, Strategy
 
 Backend = Literal["cpu", "metal", "cuda"]
 

@@ -1,0 +1,1 @@
+"""The cluster's control: its state and reducer, placement, and the coordinator."""

@@ -1,0 +1,1 @@
+"""Headless commands: each `exo-tui` subcommand's work, with no Textual."""

@@ -1,0 +1,1 @@
+"""The catalogue of models and Hugging Face downloads."""
