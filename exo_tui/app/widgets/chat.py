@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Literal, Self
 
+from textual import on
 from textual.app import ComposeResult
 from textual.await_complete import AwaitComplete
 from textual.await_remove import AwaitRemove
@@ -478,7 +479,9 @@ class PromptInput(TextArea):
     """
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        # Priority, or TextArea would take Enter as a newline before any binding sees it.
+        # Priority, or TextArea would take Enter as a newline before any binding sees it. A
+        # priority binding runs ahead of the keys still queued for the prompt, so the send itself
+        # waits in the prompt's queue behind them (`_SendNow`).
         Binding("enter", "send", "Send", id="prompt.send", priority=True),
         Binding("ctrl+j,shift+enter", "newline", "Newline", id="prompt.newline"),
         Binding("up", "history_previous", "Previous prompt", id="prompt.history_previous"),
@@ -532,7 +535,15 @@ class PromptInput(TextArea):
         """What sending now would send (blank lines around it dropped)."""
         return self.text.rstrip().lstrip("\n")
 
+    class _SendNow(Message):
+        """Send what the prompt holds once the keys typed before Enter have landed."""
+
     def action_send(self) -> None:
+        self.post_message(self._SendNow())
+
+    @on(_SendNow)
+    def _send_now(self, event: _SendNow) -> None:
+        event.stop()
         text = self.message
         if not text.strip():
             return
