@@ -64,6 +64,17 @@ def haystack(entry: PickerEntry) -> str:
     return f"{entry.card.name} {entry.card.model_type} {where}".lower()
 
 
+def match_rank(entry: PickerEntry, query: str) -> int:
+    """How well a filter matches a model's name: the name itself, then its start, then within it,
+    then elsewhere (its type or where it is). Ties keep the list's order."""
+    name, wanted = entry.card.name.lower(), query.strip().lower()
+    if name == wanted:
+        return 0
+    if name.startswith(wanted):
+        return 1
+    return 2 if wanted in name else 3
+
+
 class ModelPicker(ModalScreen[PickerEntry | None]):
     """Pick a model; dismisses with its entry, or None when cancelled."""
 
@@ -97,15 +108,16 @@ class ModelPicker(ModalScreen[PickerEntry | None]):
         options = self.query_one("#picker-list", OptionList)
         options.clear_options()
         words = query.lower().split()
-        highlighted: int | None = None
-        for entry in self._entries:
-            if not all(word in haystack(entry) for word in words):
-                continue
+        matches = [e for e in self._entries if all(word in haystack(e) for word in words)]
+        if words:  # the best match first, and Enter takes it
+            matches.sort(key=lambda entry: match_rank(entry, query))
+        highlighted = 0
+        for entry in matches:
             options.add_option(Option(entry_label(entry), id=entry.card.path))
-            if entry.card.name == self._selected:
+            if not words and entry.card.name == self._selected:
                 highlighted = options.option_count - 1
         if options.option_count:
-            options.highlighted = highlighted if highlighted is not None else 0
+            options.highlighted = highlighted
 
     @on(Input.Changed, "#picker-filter")
     def _filter(self, event: Input.Changed) -> None:
