@@ -989,7 +989,7 @@ class ExoTuiApp(App[None]):
     def _apply_keymap(self) -> None:
         path = config_dir() / "keys.toml"
         try:
-            self.set_keymap(load_keymap(path, APP_BINDINGS))
+            self.set_keymap(load_keymap(path))
         except KeymapError as error:
             self.notify(str(error), severity="error", timeout=15)
 
