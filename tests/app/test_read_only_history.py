@@ -66,7 +66,7 @@ async def test_a_database_that_cannot_be_written_is_shown_read_only(
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: isinstance(app.screen, ChatsScreen))
         assert app.screen.query_one(DataTable).row_count == 1
-        await pilot.press("delete")
+        await pilot.press("delete", "delete")  # asked, then confirmed
         await wait_until(
             pilot, lambda: any("Could not delete" in n.message for n in app._notifications)
         )

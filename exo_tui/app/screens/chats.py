@@ -9,6 +9,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label
 
@@ -30,7 +31,14 @@ def write_export(folder: Path, chat: ChatSummary, markdown: str) -> Path:
 
 
 class ChatsScreen(ModalScreen[ChatSummary | None]):
-    """Dismisses with the chat to reopen, or None."""
+    """Dismisses with the chat to reopen, or None. Del asks first, then deletes on a second Del."""
+
+    class Deleted(Message):
+        """A chat was deleted from the store (the app starts a new chat if it was the open one)."""
+
+        def __init__(self, chat_id: str) -> None:
+            super().__init__()
+            self.chat_id = chat_id
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="chats.close"),
@@ -45,17 +53,20 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         self._store = store
         self._export_dir = export_dir
         self._chats: list[ChatSummary] = []
+        self._armed: str | None = None  # the chat a second Del deletes
 
     def compose(self) -> ComposeResult:
         with Vertical(id="chats"):
             yield Label("Chats  [dim]Enter opens · F2 renames · Del deletes · Ctrl+S exports[/]")
             yield DataTable(id="chats-table", cursor_type="row")
+            yield Label("", id="chats-confirm")
             yield Input(placeholder="new title, Enter to save", id="chats-rename")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("title", "model", "messages", "updated")
         self.query_one("#chats-rename", Input).display = False
+        self.query_one("#chats-confirm", Label).display = False
         self._fill()
         table.focus()
 
@@ -111,14 +122,37 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
 
     def action_delete(self) -> None:
         chat = self._selected()
-        if chat is not None:
-            try:
-                self._store.delete(chat.id)
-            except ChatStoreError as error:
-                self.notify(f"Could not delete the chat: {error}", severity="error", timeout=10)
-                return
-            self._fill()
-            self.notify(f"Deleted “{chat.title}”.")
+        if chat is None:
+            return
+        if self._armed != chat.id:
+            self._arm(chat)
+            return
+        self._disarm()
+        try:
+            self._store.delete(chat.id)
+        except ChatStoreError as error:
+            self.notify(f"Could not delete the chat: {error}", severity="error", timeout=10)
+            return
+        self._fill()
+        self.post_message(self.Deleted(chat.id))
+        self.notify(f"Deleted “{chat.title}”.")
+
+    def _arm(self, chat: ChatSummary) -> None:
+        self._armed = chat.id
+        messages = "1 message" if chat.message_count == 1 else f"{chat.message_count} messages"
+        confirm = self.query_one("#chats-confirm", Label)
+        confirm.update(f"Delete “{chat.title}” ({messages})? [b]Del[/] again deletes it.")
+        confirm.display = True
+
+    def _disarm(self) -> None:
+        self._armed = None
+        self.query_one("#chats-confirm", Label).display = False
+
+    @on(DataTable.RowHighlighted, "#chats-table")
+    def _moved(self) -> None:
+        chat = self._selected()
+        if self._armed is not None and (chat is None or chat.id != self._armed):
+            self._disarm()
 
     def action_export(self) -> None:
         chat = self._selected()
