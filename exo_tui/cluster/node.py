@@ -2,7 +2,7 @@
 
 Each node listens on its control port, advertises itself over mDNS and dials the peers it finds
 there or is given by hand (`--peer host:port`). Every connection starts with the mutual HMAC
-handshake of `protocol`; a peer without the cluster key is refused and reported as foreign.
+handshake of `wire.handshake`; a peer without the cluster key is refused and reported as foreign.
 Over a session both sides send their stats every second; the stats double as heartbeats, so a
 peer that is silent for `SILENCE_S` is lost (mDNS would take ~18 minutes to notice a SIGKILL).
 
@@ -33,18 +33,19 @@ from exo_tui.cluster.control.state import ClusterEvent, NodeLost, NodeStats, Sta
 from exo_tui.cluster.descriptors import raise_file_limit
 from exo_tui.cluster.discovery import Advert, Discovery, PeerFound, PeerRemoved
 from exo_tui.cluster.identity import ClusterKey, NodeIdentity
-from exo_tui.cluster.wire.protocol import (
+from exo_tui.cluster.wire.frames import (
     PROTOCOL_VERSION,
     Frame,
-    FrameStream,
     Goodbye,
-    HandshakeRefused,
     Heartbeat,
     HostCommand,
     InstanceReport,
-    PeerInfo,
-    ProtocolError,
     StatsFrame,
+)
+from exo_tui.cluster.wire.framing import FrameStream, ProtocolError
+from exo_tui.cluster.wire.handshake import (
+    HandshakeRefused,
+    PeerInfo,
     handshake_client,
     handshake_server,
 )

@@ -10,19 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo_tui.cluster.wire.protocol import (
-    HEADER,
-    Frame,
-    FrameStream,
-    Goodbye,
-    Heartbeat,
-    ProtocolError,
-    StatsFrame,
-    StopInstance,
-    encode,
-)
+from exo_tui.cluster.wire.frames import Frame, Goodbye, Heartbeat, StatsFrame, StopInstance
+from exo_tui.cluster.wire.framing import HEADER, FrameStream, ProtocolError, encode
 from exo_tui.cluster.wire.sealed import SealedChannel
-from tests.cluster.test_protocol import EVERY_FRAME, NONCE, STATS, ScriptedStream
+from tests.cluster.wire_ends import EVERY_FRAME, NONCE, STATS, ScriptedStream
 
 KEY = b"k" * 32
 OTHER_NONCE = "cd" * 32

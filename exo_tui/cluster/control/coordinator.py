@@ -41,7 +41,7 @@ from exo_tui.cluster.control.state import (
     NodeStats,
     Unloaded,
 )
-from exo_tui.cluster.wire.protocol import (
+from exo_tui.cluster.wire.frames import (
     CancelChat,
     ChatFinished,
     ChatFrame,

@@ -29,7 +29,7 @@ from engine.errors import EngineError
 from engine.models import find_models
 from engine.types import Chunk, ModelCard
 from exo_tui.cluster.control.state import HostedRunner
-from exo_tui.cluster.wire.protocol import (
+from exo_tui.cluster.wire.frames import (
     CancelChat,
     ChatFinished,
     ChatFrame,
