@@ -37,7 +37,6 @@ from exo_tui.cluster.wire.frames import (
     PROTOCOL_VERSION,
     Frame,
     Goodbye,
-    Heartbeat,
     HostCommand,
     InstanceReport,
     StatsFrame,
@@ -411,8 +410,6 @@ class Node:
                 match frame:
                     case StatsFrame(stats=stats) if stats.node_id == peer.node_id:
                         self._on_event(StatsUpdated(stats=stats, at=time.time()))
-                    case Heartbeat():
-                        pass
                     case Goodbye(reason=reason):
                         if reason == DUPLICATE:
                             return None

@@ -9,10 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.parallel import ShardSpec
+from engine.types import ChatRequest
 from exo_tui.cluster.wire.frames import (
+    ChatFrame,
     Frame,
     Goodbye,
-    Heartbeat,
+    LaunchRanks,
+    RanksProgress,
     Refused,
 )
 from exo_tui.cluster.wire.framing import (
@@ -45,7 +49,22 @@ def test_every_frame_round_trips(frame: Frame) -> None:
     st.one_of(
         st.builds(Goodbye, reason=st.text()),
         st.builds(Refused, reason=st.text()),
-        st.builds(Heartbeat, sent_at=st.floats(allow_nan=False, allow_infinity=False)),
+        st.builds(
+            RanksProgress,
+            instance_id=st.text(),
+            layers_loaded=st.integers(min_value=0),
+            total=st.integers(min_value=0),
+        ),
+        st.builds(
+            ChatFrame,
+            instance_id=st.text(),
+            request_id=st.integers(min_value=0),
+            request=st.builds(
+                ChatRequest,
+                messages=st.just(()),
+                temperature=st.floats(allow_nan=False, allow_infinity=False),
+            ),
+        ),
     )
 )
 def test_text_and_numbers_round_trip(frame: Frame) -> None:
@@ -71,6 +90,12 @@ def test_a_fetch_names_a_hub_repo_never_a_path(repo_id: str) -> None:
         decode(json.dumps(frame).encode())
 
 
+LAUNCH = LaunchRanks(
+    instance_id="i1",
+    model="qwen3-0.6b",
+    specs=(ShardSpec(strategy="pipeline", start_layer=0, end_layer=28),),
+    hosts=("127.0.0.1:5000",),
+)
 MALFORMED = {
     "empty": (b"", "EOF while parsing"),
     "not json": (b"hello there", "Invalid JSON"),
@@ -79,17 +104,20 @@ MALFORMED = {
     "not an object": (b'["welcome"]', "Input should be an object"),
     "no type": (b'{"reason": "x"}', "Unable to extract tag using discriminator 'type'"),
     "unknown type": (b'{"type": "launch"}', "Input tag 'launch' found using 'type'"),
-    "missing field": (b'{"type": "heartbeat"}', "heartbeat.sent_at: Field required"),
+    "missing field": (b'{"type": "refused"}', "refused.reason: Field required"),
     "extra field": (b'{"type": "welcome", "admin": true}', "welcome.admin: Extra inputs"),
     "string for a number": (
-        b'{"type": "heartbeat", "sent_at": "1.5"}',
-        "heartbeat.sent_at: Input should be a valid number",
+        b'{"type": "reserve_ports", "instance_id": "i1", "count": "2"}',
+        "reserve_ports.count: Input should be a valid integer",
     ),
     "bool for an int": (
         json.dumps({**hello_from(LAPTOP).model_dump(), "version": True}).encode(),
         "hello.version: Input should be a valid integer",
     ),
-    "non-finite float": (b'{"type": "heartbeat", "sent_at": NaN}', "finite number"),
+    "non-finite float": (
+        LAUNCH.model_dump_json().replace('"join_timeout_s":60.0', '"join_timeout_s":NaN').encode(),
+        "launch_ranks.join_timeout_s: Input should be less than or equal to 3600",
+    ),
     "nonce not hex": (
         json.dumps({**hello_from(LAPTOP).model_dump(), "nonce": "zz" * 32}).encode(),
         "hello.nonce: String should match pattern",
@@ -125,7 +153,9 @@ JSON_VALUES = st.recursive(
 )
 
 
-TAGS = st.sampled_from(["hello", "challenge", "proof", "welcome", "refused", "heartbeat", "stats"])
+TAGS = st.sampled_from(
+    ["hello", "challenge", "proof", "welcome", "refused", "stop_instance", "stats"]
+)
 
 
 @FUZZ

@@ -10,8 +10,8 @@ import anyio.abc
 import pytest
 
 from exo_tui.cluster.wire.frames import (
+    FetchDone,
     Goodbye,
-    Heartbeat,
     Welcome,
 )
 from exo_tui.cluster.wire.framing import (
@@ -70,7 +70,7 @@ async def test_an_oversize_header_is_refused_before_the_body_is_read() -> None:
 
 async def test_a_truncated_body_is_an_incomplete_read() -> None:
     async with tcp_pair() as (client, server):
-        await client.send(encode(Heartbeat(sent_at=1.0))[:-3])
+        await client.send(encode(FetchDone(instance_id="i1"))[:-3])
         await client.send_eof()
         with pytest.raises(anyio.IncompleteRead):
             await FrameStream(server).receive()

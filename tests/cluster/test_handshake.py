@@ -17,11 +17,11 @@ from exo_tui.cluster.wire.frames import (
     Challenge,
     Frame,
     Goodbye,
-    Heartbeat,
     Hello,
     Proof,
     Refused,
     StatsFrame,
+    StopInstance,
     Welcome,
 )
 from exo_tui.cluster.wire.framing import (
@@ -102,9 +102,9 @@ async def test_a_handshake_gives_each_side_the_other_and_opens_a_session() -> No
             tasks.start_soon(serve)
             found["by client"] = await handshake_client(client, KEY, *as_args(LAPTOP))
         assert found == {"by client": STUDIO, "by server": LAPTOP}
-        await client.send(Heartbeat(sent_at=2.0))
+        await client.send(StopInstance(instance_id="i1"))
         await server.send(StatsFrame(stats=STATS))
-        assert await server.receive() == Heartbeat(sent_at=2.0)
+        assert await server.receive() == StopInstance(instance_id="i1")
         assert await client.receive() == StatsFrame(stats=STATS)
 
 
@@ -137,12 +137,13 @@ async def test_a_wrong_key_is_refused_on_both_sides_as_foreign() -> None:
     )
     # The client checks the server's proof first, finds the server foreign and says so.
     assert isinstance(client, HandshakeRefused)
-    assert client.foreign and client.peer == STUDIO
+    assert client.peer == STUDIO
+    assert client.reason.startswith("studio (node-studio) is foreign: ")
     assert f"its key fingerprint {STUDIO.fingerprint} differs from ours" in client.reason
     assert "`exo-tui key`" in client.reason and "--key" in client.reason
     assert "EXO_TUI_KEY" in client.reason
     assert isinstance(server, HandshakeRefused)
-    assert server.foreign and server.peer == STRANGER
+    assert server.peer == STRANGER
     assert server.reason.startswith("refused by stranger: wrong cluster key")
     # Both connections are closed: no session frame can follow.
     for frames in (client_frames, server_frames):
@@ -153,10 +154,10 @@ async def test_a_wrong_key_is_refused_on_both_sides_as_foreign() -> None:
 async def test_an_impostor_claiming_our_fingerprint_is_refused_by_its_proof() -> None:
     impostor = PeerInfo(node_id="node-x", name="impostor", fingerprint=STUDIO.fingerprint)
     client, server, _, _ = await run_handshake(client_key=OTHER_KEY, client=impostor)
-    assert isinstance(client, HandshakeRefused) and client.foreign
+    assert isinstance(client, HandshakeRefused)
+    assert "studio (node-studio) is foreign: it claims our key fingerprint" in client.reason
     assert isinstance(server, HandshakeRefused) and server.peer == impostor
-    # It lied about its fingerprint, so the server cannot tell from that alone.
-    assert not server.foreign
+    assert server.reason.startswith("refused by impostor: wrong cluster key")
 
 
 async def handshake_against(
@@ -192,7 +193,7 @@ async def test_a_client_without_the_key_gets_no_session() -> None:
             heard.append("closed")
 
     outcome = await handshake_against(stranger, handshake_server, STUDIO)
-    assert isinstance(outcome, HandshakeRefused) and outcome.foreign
+    assert isinstance(outcome, HandshakeRefused)
     assert outcome.reason.startswith("stranger (node-stranger) is foreign: its key fingerprint")
     assert isinstance(heard[0], Challenge)
     assert isinstance(heard[1], Refused) and heard[1].reason.startswith("wrong cluster key")
@@ -211,7 +212,7 @@ async def test_a_newer_client_is_told_which_versions_meet() -> None:
         f"protocol version mismatch: laptop speaks version {PROTOCOL_VERSION + 1} and studio "
         f"speaks version {PROTOCOL_VERSION}: run the same exo-tui version on every machine"
     )
-    assert isinstance(outcome, HandshakeRefused) and not outcome.foreign
+    assert isinstance(outcome, HandshakeRefused)
     assert outcome.reason == expected
     assert heard == [Refused(reason=expected)]
 
@@ -317,8 +318,8 @@ async def test_a_recorded_server_proof_fails_against_a_fresh_client_nonce() -> N
         heard.append(await frames.receive())
 
     outcome = await handshake_against(replayer, handshake_client, LAPTOP)
-    assert isinstance(outcome, HandshakeRefused) and outcome.foreign
-    assert "claims our key fingerprint" in outcome.reason
+    assert isinstance(outcome, HandshakeRefused)
+    assert "studio (node-studio) is foreign: it claims our key fingerprint" in outcome.reason
     assert isinstance(heard[0], Refused)
 
 
@@ -333,7 +334,8 @@ async def test_a_server_proof_reflected_back_as_the_client_proof_fails() -> None
         heard.append(await frames.receive())
 
     outcome = await handshake_against(reflector, handshake_server, STUDIO)
-    assert isinstance(outcome, HandshakeRefused) and outcome.foreign
+    assert isinstance(outcome, HandshakeRefused)
+    assert "laptop (node-laptop) is foreign: it claims our key fingerprint" in outcome.reason
     assert isinstance(heard[0], Refused)
 
 
@@ -378,7 +380,7 @@ ANY_FRAME = st.one_of(
     st.builds(Proof, proof=HEX),
     st.just(Welcome()),
     st.builds(Refused, reason=st.text(max_size=20)),
-    st.builds(Heartbeat, sent_at=st.floats(allow_nan=False, allow_infinity=False)),
+    st.builds(StopInstance, instance_id=st.text(max_size=8)),
     st.just(StatsFrame(stats=STATS)),
     st.builds(Goodbye, reason=st.text(max_size=20)),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, FiniteFloat, field_validator
+from pydantic import Field, field_validator
 
 from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, Frozen
@@ -63,11 +63,6 @@ class Refused(Frozen):
 
 
 # ---------------------------------------------------------------------- session frames
-
-
-class Heartbeat(Frozen):
-    type: Literal["heartbeat"] = "heartbeat"
-    sent_at: FiniteFloat  # time.time() on the sender
 
 
 class StatsFrame(Frozen):
@@ -245,15 +240,7 @@ InstanceFrame = HostCommand | InstanceReport
 
 # A new frame is a Frozen model with its own `type` literal, added to this union.
 Frame = Annotated[
-    Hello
-    | Challenge
-    | Proof
-    | Welcome
-    | Refused
-    | Heartbeat
-    | StatsFrame
-    | Goodbye
-    | InstanceFrame,
+    Hello | Challenge | Proof | Welcome | Refused | StatsFrame | Goodbye | InstanceFrame,
     Field(discriminator="type"),
 ]
 

@@ -67,15 +67,13 @@ class PeerInfo(Frozen):
 class HandshakeRefused(Exception):
     """The handshake ended without trust: refused by either side, or timed out.
 
-    `peer` is what the other side said about itself, when it got that far; `foreign` is true when
-    the peer holds another cluster key (its proof failed, or its fingerprint differs from ours).
+    `peer` is what the other side said about itself, when it got that far.
     """
 
-    def __init__(self, reason: str, peer: PeerInfo | None = None, foreign: bool = False) -> None:
+    def __init__(self, reason: str, peer: PeerInfo | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.peer = peer
-        self.foreign = foreign
 
 
 _SERVER_LABEL = b"server|"
@@ -239,8 +237,7 @@ class _Side:
             raise
         if isinstance(frame, Refused):
             who = self.peer.name if self.peer else "the peer"
-            foreign = self.peer is not None and self.peer.fingerprint != self.me.fingerprint
-            raise HandshakeRefused(f"refused by {who}: {frame.reason}", self.peer, foreign)
+            raise HandshakeRefused(f"refused by {who}: {frame.reason}", self.peer)
         if not isinstance(frame, wanted):
             raise ProtocolError(f"{frame.type} frame during the handshake, where it has no place")
         return frame
@@ -263,9 +260,7 @@ class _Side:
             f"wrong cluster key: {peer.name} could not prove it holds the key of {self.me.name} "
             f"(fingerprint {ours}); {FIX_KEY}"
         )
-        raise HandshakeRefused(
-            f"{peer.name} ({peer.node_id}) is foreign: {why}; {FIX_KEY}", peer, foreign=True
-        )
+        raise HandshakeRefused(f"{peer.name} ({peer.node_id}) is foreign: {why}; {FIX_KEY}", peer)
 
     async def _send_refused(self, reason: str) -> None:
         # Best effort: a peer that already hung up is refused all the same.

@@ -110,10 +110,6 @@ class RankHost:
         self._tasks = tasks
         self._hosted: dict[str, _Hosted] = {}
 
-    @property
-    def instances(self) -> tuple[str, ...]:
-        return tuple(self._hosted)
-
     def runners(self) -> tuple[HostedRunner, ...]:
         """What this node runs for each instance, for its stats."""
         found: list[HostedRunner] = []
