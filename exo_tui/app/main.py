@@ -33,7 +33,7 @@ from engine.errors import EngineError
 from engine.generate import CancelToken, prefill_next_turn, wait_for_streams
 from engine.loading import LoadedModel
 from engine.models import require_weight_files
-from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, TextChunk
+from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, Strategy, TextChunk
 from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.engine_thread import ENGINE_THREAD
@@ -55,7 +55,7 @@ from exo_tui.app.widgets.nodes import NodesPanel
 from exo_tui.chat.tools import builtin_registry
 from exo_tui.chat.turn import GenerateFn, TurnEvent, chat_turn
 from exo_tui.cluster.control.coordinator import ClusterError, Fetches, plan_fetches
-from exo_tui.cluster.control.placement import Placement, PlacementError, Strategy, fit, place
+from exo_tui.cluster.control.placement import Placement, PlacementError, fit, place
 from exo_tui.cluster.control.state import (
     ClusterEvent,
     ClusterState,

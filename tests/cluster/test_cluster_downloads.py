@@ -76,7 +76,7 @@ def hub_card(sharded: Path) -> ModelCard:
 
 
 def shares(placement: Placement) -> dict[str, tuple[int, int]]:
-    return {s.node_id: (s.start_layer, s.end_layer) for s in placement.shards}
+    return {s.node_id: (s.spec.start_layer, s.spec.end_layer) for s in placement.shards}
 
 
 async def test_each_node_fetches_only_its_layers_then_the_ring_matches_one_process(

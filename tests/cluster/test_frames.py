@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.parallel import ShardSpec
-from engine.types import ChatRequest
+from engine.types import ChatRequest, ShardSpec
 from exo_tui.cluster.wire.frames import (
     ChatFrame,
     Frame,

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from engine.types import ModelCard
-from exo_tui.cluster.control.placement import Placement, Shard, place
+from engine.types import ModelCard, ShardSpec
+from exo_tui.cluster.control.placement import PlacedShard, Placement, place
 from exo_tui.cluster.control.state import (
     FOREIGN_LISTED,
     ClusterEvent,
@@ -68,11 +68,19 @@ def two_node_placement() -> Placement:
         model="tiny",
         context_length=4096,
         shards=(
-            Shard(
-                node_id="a", rank=0, start_layer=0, end_layer=2, bytes_needed=1, bytes_available=GB
+            PlacedShard(
+                node_id="a",
+                spec=ShardSpec(strategy="pipeline", start_layer=0, end_layer=2, world_size=2),
+                bytes_needed=1,
+                bytes_available=GB,
             ),
-            Shard(
-                node_id="b", rank=1, start_layer=2, end_layer=4, bytes_needed=1, bytes_available=GB
+            PlacedShard(
+                node_id="b",
+                spec=ShardSpec(
+                    strategy="pipeline", start_layer=2, end_layer=4, rank=1, world_size=2
+                ),
+                bytes_needed=1,
+                bytes_available=GB,
             ),
         ),
     )
@@ -346,11 +354,15 @@ placements = st.lists(ids, min_size=1, max_size=4, unique=True).map(
         model="tiny",
         context_length=1024,
         shards=tuple(
-            Shard(
+            PlacedShard(
                 node_id=i,
-                rank=r,
-                start_layer=r,
-                end_layer=r + 1,
+                spec=ShardSpec(
+                    strategy="pipeline",
+                    start_layer=r,
+                    end_layer=r + 1,
+                    rank=r,
+                    world_size=len(chosen),
+                ),
                 bytes_needed=1,
                 bytes_available=GB,
             )

@@ -28,7 +28,6 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from engine.errors import EngineError
 from engine.generate import CancelToken
-from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, ModelCard
 from exo_tui.cluster.control.placement import Placement
 from exo_tui.cluster.control.state import (
@@ -89,10 +88,10 @@ def plan_fetches(placement: Placement, card: ModelCard, nodes: Sequence[NodeStat
         node = by_id.get(node_id)
         if node is None:
             continue  # gone: the launch fails on it with that reason
-        shards = [s for s in placement.shards if s.node_id == node_id]
+        specs = placement.specs_for(node_id)
         # A node holding several pipeline ranks fetches the span from its first to last layer.
         span = (
-            (min(s.start_layer for s in shards), max(s.end_layer for s in shards))
+            (min(s.start_layer for s in specs), max(s.end_layer for s in specs))
             if placement.strategy == "pipeline"
             else None
         )
@@ -199,8 +198,8 @@ class Coordinator:
         if self.instance is not None:
             await self.stop()
         instance = _Instance(uuid.uuid4().hex[:12], placement, card)
-        for shard in sorted(placement.shards, key=lambda s: s.rank):
-            instance.ranks_of.setdefault(shard.node_id, []).append(shard.rank)
+        for shard in sorted(placement.shards, key=lambda s: s.spec.rank):
+            instance.ranks_of.setdefault(shard.node_id, []).append(shard.spec.rank)
         self.instance = instance
         fetching = set(fetches or {})
         try:
@@ -225,13 +224,7 @@ class Coordinator:
     async def _launch_node(self, launch: _Launch, node_id: str) -> None:
         """Ask `node_id` to start its ranks of the ring (it loads them from its own store)."""
         instance = launch.instance
-        placement = instance.placement
-        world = len(placement.shards)
-        specs = tuple(
-            ShardSpec(strategy=placement.strategy, start_layer=s.start_layer,
-                      end_layer=s.end_layer, rank=s.rank, world_size=world)
-            for s in placement.shards if s.node_id == node_id
-        )  # fmt: skip
+        specs = instance.placement.specs_for(node_id)
         total = sum(s.num_layers for s in specs)
         self._on_event(LoadStarted(node_id=node_id, model=instance.card.name, total=total))
         frame = LaunchRanks(

@@ -20,8 +20,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
-from engine.types import Frozen, ModelCard
-from exo_tui.cluster.control.placement import Placement, Strategy
+from engine.types import Frozen, ModelCard, Strategy
+from exo_tui.cluster.control.placement import Placement
 
 Backend = Literal["cpu", "metal", "cuda"]
 

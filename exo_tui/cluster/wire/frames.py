@@ -11,8 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from engine.parallel import ShardSpec
-from engine.types import ChatRequest, Chunk, Frozen
+from engine.types import ChatRequest, Chunk, Frozen, ShardSpec
 from exo_tui.cluster.control.state import NodeStats
 
 # 2: per-node downloads (FetchShard ...), partial models in cards; 3: sealed sessions

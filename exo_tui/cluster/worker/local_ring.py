@@ -40,8 +40,6 @@ from engine.errors import EngineError, RequestError
 from engine.generate import CancelToken
 from engine.parallel import (
     ShardError,
-    ShardSpec,
-    Strategy,
     check_shard_spec,
     check_shard_specs,
     even_layer_counts,
@@ -56,7 +54,9 @@ from engine.types import (
     Frozen,
     LoadProgress,
     ModelCard,
+    ShardSpec,
     Stats,
+    Strategy,
     Usage,
 )
 from exo_tui.cluster.worker.runner_messages import (
