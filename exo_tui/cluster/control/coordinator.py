@@ -60,6 +60,7 @@ from exo_tui.cluster.wire.frames import (
     SendFrame,
     StopInstance,
 )
+from exo_tui.cluster.worker.failures import lost_a_peer
 from exo_tui.cluster.worker.local_ring import failure_chunks
 
 Address = Callable[[str], str]  # node id -> the address the ring reaches it on
@@ -395,7 +396,7 @@ class Coordinator:
                 other, frame = await self._next(instance)
                 if isinstance(frame, InstanceFailed):
                     reports.append((other, frame.reason))
-        causes = [r for r in reports if not _lost_a_peer(r[1])] or reports
+        causes = [r for r in reports if not lost_a_peer(r[1])] or reports
         node_id, reason = causes[0]
         echoes = [r for _, r in reports if r != reason]
         if echoes:
@@ -406,8 +407,3 @@ class Coordinator:
         self.instance = None
         await self._stop_nodes(instance, wait=False, skip=node_id)
         raise ClusterError(reason, "Place the model again on the nodes that are left")
-
-
-def _lost_a_peer(reason: str) -> bool:
-    """A report of a rank that only saw its ring peer go away (MLX's words for it)."""
-    return "peer was lost" in reason or "Socket" in reason or "connection to a peer" in reason

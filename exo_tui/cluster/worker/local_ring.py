@@ -59,6 +59,7 @@ from engine.types import (
     Strategy,
     Usage,
 )
+from exo_tui.cluster.worker.failures import lost_a_peer
 from exo_tui.cluster.worker.runner_messages import (
     CancelCommand,
     ChatCommand,
@@ -536,7 +537,7 @@ class LocalRing:
                 problems.append(problem)
         self._kill_all()
         # The rank that went away first, the ranks that only lost it after.
-        lost = [p for p in problems if "peer was lost" in p or "Socket" in p]
+        lost = [p for p in problems if lost_a_peer(p)]
         message = "; ".join([p for p in problems if p not in lost] + lost)
         self._failure = f"The ring of {self.world_size} ranks stopped: {message}"
         raise _Ring(self._failure)
