@@ -54,7 +54,7 @@ from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
 from exo_tui.chat.tools import builtin_registry
 from exo_tui.chat.turn import GenerateFn, TurnEvent, chat_turn
-from exo_tui.cluster.control.coordinator import ClusterError, Fetches, plan_fetches
+from exo_tui.cluster.control.coordinator import Fetches, plan_fetches
 from exo_tui.cluster.control.placement import Placement, PlacementError, fit, place
 from exo_tui.cluster.control.state import (
     ClusterEvent,
@@ -78,6 +78,7 @@ from exo_tui.cluster.control.state import (
     Unloaded,
     apply,
 )
+from exo_tui.cluster.errors import ClusterError
 from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
 from exo_tui.hub.catalogue import CatalogueEntry, entry_card, load_catalogue

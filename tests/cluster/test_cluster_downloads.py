@@ -21,9 +21,10 @@ from engine.generate import generate
 from engine.loading import load_model_sync
 from engine.models import read_card
 from engine.types import DoneChunk, ModelCard
-from exo_tui.cluster.control.coordinator import ClusterError, plan_fetches
+from exo_tui.cluster.control.coordinator import plan_fetches
 from exo_tui.cluster.control.placement import Placement
 from exo_tui.cluster.control.state import DownloadProgressed, LoadProgressed, LoadStarted, NodeStats
+from exo_tui.cluster.errors import ClusterError
 from tests.cluster.node_process import NodeProcess, StartNode
 from tests.cluster.test_coordinator import REQUEST, Coordinating, collect, runner_pids
 from tests.hostile_hub import HostileHub, climb_to, tree_outside

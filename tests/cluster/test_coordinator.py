@@ -22,7 +22,6 @@ from engine.generate import generate
 from engine.loading import load_model_sync
 from engine.models import read_card
 from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message, ModelCard
-from exo_tui.cluster.control.coordinator import ClusterError
 from exo_tui.cluster.control.placement import Placement, place
 from exo_tui.cluster.control.state import (
     ClusterEvent,
@@ -32,6 +31,7 @@ from exo_tui.cluster.control.state import (
     LoadProgressed,
     apply,
 )
+from exo_tui.cluster.errors import ClusterError
 from exo_tui.cluster.identity import ClusterKey, NodeIdentity
 from exo_tui.cluster.local import local_node_stats
 from exo_tui.cluster.node import Node, NodeOptions

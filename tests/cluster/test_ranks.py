@@ -34,7 +34,8 @@ from engine.types import (
     ShardSpec,
     TextChunk,
 )
-from exo_tui.cluster.worker.local_ring import LocalRing, RingError, _Rank, start_local_ranks
+from exo_tui.cluster.errors import RingError
+from exo_tui.cluster.worker.local_ring import LocalRing, _Rank, start_local_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

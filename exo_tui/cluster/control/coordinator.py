@@ -26,7 +26,6 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from engine.errors import EngineError
 from engine.generate import CancelToken
 from engine.types import ChatRequest, Chunk, ModelCard
 from exo_tui.cluster.control.placement import Placement
@@ -40,6 +39,7 @@ from exo_tui.cluster.control.state import (
     NodeStats,
     Unloaded,
 )
+from exo_tui.cluster.errors import LaunchError
 from exo_tui.cluster.wire.frames import (
     CancelChat,
     ChatFinished,
@@ -70,10 +70,6 @@ GATHER_S = 0.5  # how long a failure waits for the other nodes' reports
 STOP_TIMEOUT_S = 10.0
 
 
-class ClusterError(EngineError):
-    """The instance could not be launched or kept running; its ranks are stopped."""
-
-
 Fetches = Mapping[str, tuple[int, int] | None]  # node id -> the layers to download (None: all)
 
 
@@ -81,7 +77,7 @@ def plan_fetches(placement: Placement, card: ModelCard, nodes: Sequence[NodeStat
     """What each node of `placement` must download before the launch: the files of the layers
     its ranks hold (a pipeline node), or all of them (tensor), unless they are on its disk.
 
-    Raises ClusterError when a node lacks a model that cannot be downloaded (not a hub repo).
+    Raises LaunchError when a node lacks a model that cannot be downloaded (not a hub repo).
     """
     by_id = {n.node_id: n for n in nodes}
     fetches: dict[str, tuple[int, int] | None] = {}
@@ -102,7 +98,7 @@ def plan_fetches(placement: Placement, card: ModelCard, nodes: Sequence[NodeStat
         if held is not None and (held.holds_layers(*span) if span else held.layers_on_disk is None):
             continue
         if card.source != "hf_cache":
-            raise ClusterError(
+            raise LaunchError(
                 f"node {node.name} has no model called {placement.model} on disk",
                 f"Copy the model folder into a models folder of {node.name}, or choose other nodes",
             )
@@ -190,7 +186,7 @@ class Coordinator:
         join_timeout_s: float = 60.0,
         fetches: Fetches | None = None,
     ) -> None:
-        """Start the ring of `placement`; returns when every node is ready, raises ClusterError
+        """Start the ring of `placement`; returns when every node is ready, raises LaunchError
         (every node stopped) when one fails or is lost.
 
         `fetches` (from plan_fetches) are the downloads some nodes make first, each reporting
@@ -215,7 +211,7 @@ class Coordinator:
                 if node_id not in fetching:
                     await self._launch_node(launch, node_id)
             await self._until_ready(launch, fetching)
-        except ClusterError:
+        except LaunchError:
             raise
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -354,7 +350,7 @@ class Coordinator:
                 case InstanceFailed(reason=reason):
                     try:
                         await self._fail(instance, reason, node_id)
-                    except ClusterError as error:
+                    except LaunchError as error:
                         for chunk in failure_chunks(str(error)):
                             yield chunk
                     return
@@ -385,7 +381,7 @@ class Coordinator:
             self._on_event(Unloaded(node_id=node_id))
 
     async def _fail(self, instance: _Instance, reason: str, node_id: str | None = None) -> None:
-        """Mark the instance failed, stop every other node, and raise ClusterError.
+        """Mark the instance failed, stop every other node, and raise LaunchError.
 
         The first report is often a node that only lost its ring peer; the one whose runner
         actually died reports a moment later. Gather the reports for a moment and put the
@@ -406,4 +402,4 @@ class Coordinator:
             self._on_event(LoadFailed(node_id=node_id, reason=reason))
         self.instance = None
         await self._stop_nodes(instance, wait=False, skip=node_id)
-        raise ClusterError(reason, "Place the model again on the nodes that are left")
+        raise LaunchError(reason, "Place the model again on the nodes that are left")

@@ -36,7 +36,7 @@ from typing import IO
 from pydantic import ValidationError
 
 from engine.blas import machine_cores
-from engine.errors import EngineError, RequestError
+from engine.errors import RequestError
 from engine.generate import CancelToken
 from engine.parallel import (
     ShardError,
@@ -59,6 +59,7 @@ from engine.types import (
     Strategy,
     Usage,
 )
+from exo_tui.cluster.errors import RingError
 from exo_tui.cluster.worker.failures import lost_a_peer
 from exo_tui.cluster.worker.runner_messages import (
     CancelCommand,
@@ -84,10 +85,6 @@ from exo_tui.cluster.worker.runner_messages import (
 # is named first, the ranks that only lost it after.
 GATHER_S = 0.5
 POLL_S = 0.05
-
-
-class RingError(EngineError):
-    """A rank of the ring failed; every rank has been stopped."""
 
 
 class _Ring(Exception):

@@ -29,6 +29,7 @@ from engine.errors import EngineError
 from engine.models import find_models
 from engine.types import Chunk, ModelCard
 from exo_tui.cluster.control.state import HostedRunner
+from exo_tui.cluster.errors import RingError
 from exo_tui.cluster.wire.frames import (
     CancelChat,
     ChatFinished,
@@ -50,7 +51,7 @@ from exo_tui.cluster.wire.frames import (
     SendFrame,
     StopInstance,
 )
-from exo_tui.cluster.worker.local_ring import LocalRing, RingError, failure_chunks, free_ports
+from exo_tui.cluster.worker.local_ring import LocalRing, failure_chunks, free_ports
 from exo_tui.hub.downloads import DownloadError, download
 
 log = logging.getLogger(__name__)
