@@ -79,8 +79,8 @@ from exo_tui.cluster.control.state import (
     apply,
 )
 from exo_tui.cluster.errors import ClusterError
-from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
+from exo_tui.cluster.this_machine import cluster_summary, local_node_id, local_node_stats
 from exo_tui.hub.catalogue import CatalogueEntry, entry_card, load_catalogue
 from exo_tui.rate import NoticeRate
 from exo_tui.store.chats import (

@@ -26,13 +26,13 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from exo_tui.cluster import accepting
-from exo_tui.cluster.admission import Admission
 from exo_tui.cluster.control.coordinator import Coordinator
 from exo_tui.cluster.control.state import ClusterEvent, NodeLost, NodeStats, StatsUpdated
-from exo_tui.cluster.descriptors import raise_file_limit
 from exo_tui.cluster.discovery import Advert, Discovery, PeerFound, PeerRemoved
 from exo_tui.cluster.identity import ClusterKey, NodeIdentity
+from exo_tui.cluster.listening import accept_loop
+from exo_tui.cluster.listening.admission import Admission
+from exo_tui.cluster.listening.file_limit import raise_file_limit
 from exo_tui.cluster.wire.frames import (
     PROTOCOL_VERSION,
     Frame,
@@ -185,7 +185,7 @@ class Node:
                 on_store_changed=self._on_store_changed,
             )
             self.coordinator.tasks = tasks
-            tasks.start_soon(accepting.serve, listener, self._accept)
+            tasks.start_soon(accept_loop.serve, listener, self._accept)
             for text in self.options.peers:
                 tasks.start_soon(self._dial_forever, *parse_peer(text))
             if self.options.mdns:
@@ -466,7 +466,7 @@ def machine_node(
     """This machine as a node outside the TUI: its stats carry the models in its store,
     scanned again when a download for a peer lands."""
     from engine.models import find_models
-    from exo_tui.cluster.local import local_node_stats
+    from exo_tui.cluster.this_machine import local_node_stats
 
     cards = find_models(models_dirs)
 

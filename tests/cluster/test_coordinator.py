@@ -33,8 +33,8 @@ from exo_tui.cluster.control.state import (
 )
 from exo_tui.cluster.errors import ClusterError
 from exo_tui.cluster.identity import ClusterKey, NodeIdentity
-from exo_tui.cluster.local import local_node_stats
 from exo_tui.cluster.node import Node, NodeOptions
+from exo_tui.cluster.this_machine import local_node_stats
 from tests.cluster.node_process import KEY, NodeProcess, StartNode
 
 pytestmark = pytest.mark.anyio
