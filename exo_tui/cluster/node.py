@@ -4,7 +4,7 @@ Each node listens on its control port, advertises itself over mDNS and dials the
 there or is given by hand (`--peer host:port`). Every connection starts with the mutual HMAC
 handshake of `wire.handshake`; a peer without the cluster key is refused and reported as foreign.
 Over a session both sides send their stats every second; the stats double as heartbeats, so a
-peer that is silent for `SILENCE_S` is lost (mDNS would take ~18 minutes to notice a SIGKILL).
+peer that is silent for `SILENCE_S` is lost (mDNS keeps a killed node's records far longer).
 
 One session per peer: when both sides dial each other, both keep the connection dialed by the
 smaller node id, so they agree without talking about it.

@@ -18,7 +18,7 @@ from exo_tui.cluster.wire.sealed import SealBroken, SealedChannel
 from exo_tui.untrusted import shown
 
 MAX_FRAME_BYTES = 4 * 1024 * 1024
-# Until the handshake ends, frames come from anyone: an opening with a long name is under 1 KiB.
+# Until the handshake ends, frames come from anyone: an opening, even with a long name, is small.
 MAX_HANDSHAKE_FRAME_BYTES = 8 * 1024
 HEADER = struct.Struct(">I")  # payload length in bytes; the payload is UTF-8 JSON
 

@@ -163,7 +163,7 @@ class LocalRing:
     other ranks run elsewhere, and chat() then yields chunks only if rank 0 is here.
 
     start_timeout: a runner's first message (Python and MLX imports); silence_timeout: then
-    the longest a rank may say nothing (it heartbeats every 0.5 s); join_timeout: the ring's
+    the longest a rank may say nothing (it heartbeats all along); join_timeout: the ring's
     start-up, after which a runner still waiting for a peer exits.
     """
 
@@ -366,7 +366,7 @@ class LocalRing:
             # A ring of one runs alone: MLX's ring backend cannot connect a rank to itself.
             env.update(MLX_HOSTFILE=str(hostfile))
         # The ranks share this machine's cores: BLAS threads of every rank on every core
-        # oversubscribe it (pipeline decode ran at 6 tok/s instead of 14 on 2 cores).
+        # oversubscribe it, and each rank's decode then waits on the others' threads.
         env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, machine_cores() // self.world_size)))
         return self._popen(rank, [sys.executable, "-m", "exo_tui.cluster.worker.runner"], env)
 
