@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -28,28 +28,11 @@ from mlx_lm.models.cache import _BaseCache  # pyright: ignore[reportPrivateUsage
 from engine.errors import EngineError, ModelFormatError
 from engine.loading import Loading, load_model, transformer_layers
 from engine.models import read_card
-from engine.types import Frozen, ModelCard
-
-Strategy = Literal["pipeline", "tensor"]
+from engine.types import ModelCard, ShardSpec
 
 
 class ShardError(EngineError):
     """A shard spec that cannot work for this model or this ring, found before anything loads."""
-
-
-class ShardSpec(Frozen):
-    """What one rank runs: layers [start_layer, end_layer) of the model, as rank `rank` of
-    `world_size`. A tensor shard always names the full range: it holds a slice of every layer."""
-
-    strategy: Strategy
-    start_layer: int
-    end_layer: int
-    rank: int = 0
-    world_size: int = 1
-
-    @property
-    def num_layers(self) -> int:
-        return self.end_layer - self.start_layer
 
 
 def pipeline_specs(layer_counts: Sequence[int]) -> list[ShardSpec]:

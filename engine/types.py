@@ -1,4 +1,4 @@
-"""Frozen pydantic models shared by every layer: cards, requests, progress and chat chunks."""
+"""Frozen pydantic models shared by every layer: cards, shards, requests, progress and chunks."""
 
 from __future__ import annotations
 
@@ -14,6 +14,24 @@ class Frozen(BaseModel):
 
 
 ModelSource = Literal["bundled", "path", "models_dir", "hf_cache"]
+
+# How a model is split over a ring: contiguous layers per rank, or a slice of every layer.
+Strategy = Literal["pipeline", "tensor"]
+
+
+class ShardSpec(Frozen):
+    """What one rank runs: layers [start_layer, end_layer) of the model, as rank `rank` of
+    `world_size`. A tensor shard always names the full range: it holds a slice of every layer."""
+
+    strategy: Strategy
+    start_layer: int
+    end_layer: int
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def num_layers(self) -> int:
+        return self.end_layer - self.start_layer
 
 
 class Quantization(Frozen):

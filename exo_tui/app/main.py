@@ -33,7 +33,7 @@ from engine.errors import EngineError
 from engine.generate import CancelToken, prefill_next_turn, wait_for_streams
 from engine.loading import LoadedModel
 from engine.models import require_weight_files
-from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, TextChunk
+from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, Strategy, TextChunk
 from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.engine_thread import ENGINE_THREAD
@@ -54,8 +54,8 @@ from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
 from exo_tui.chat.tools import builtin_registry
 from exo_tui.chat.turn import GenerateFn, TurnEvent, chat_turn
-from exo_tui.cluster.control.coordinator import ClusterError, Fetches, plan_fetches
-from exo_tui.cluster.control.placement import Placement, PlacementError, Strategy, fit, place
+from exo_tui.cluster.control.coordinator import Fetches, plan_fetches
+from exo_tui.cluster.control.placement import Placement, PlacementError, fit, place
 from exo_tui.cluster.control.state import (
     ClusterEvent,
     ClusterState,
@@ -78,8 +78,9 @@ from exo_tui.cluster.control.state import (
     Unloaded,
     apply,
 )
-from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
+from exo_tui.cluster.errors import ClusterError
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
+from exo_tui.cluster.this_machine import cluster_summary, local_node_id, local_node_stats
 from exo_tui.hub.catalogue import CatalogueEntry, entry_card, load_catalogue
 from exo_tui.rate import NoticeRate
 from exo_tui.store.chats import (

@@ -159,7 +159,7 @@ class ToolRegistry:
 def local_cluster_status(model: str | None) -> dict[str, Any]:
     """The status of a one-node cluster (this machine), as `cluster_status` returns it."""
     from exo_tui.cluster.control.state import ClusterState, NodeSeen, apply
-    from exo_tui.cluster.local import cluster_summary, local_node_stats
+    from exo_tui.cluster.this_machine import cluster_summary, local_node_stats
 
     state = apply(ClusterState(), NodeSeen(stats=local_node_stats(), at=0.0))
     return cluster_summary(state, model)

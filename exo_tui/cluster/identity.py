@@ -27,8 +27,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from engine.errors import EngineError
 from engine.types import Frozen
+from exo_tui.cluster.errors import IdentityError
 from exo_tui.cluster.key_strength import MIN_KEY_BITS, guess_bits
 from exo_tui.store import paths
 
@@ -41,10 +41,6 @@ _MACHINE_FINGERPRINT_SALT = b"exo-tui machine\0"
 _MACHINE_ID_FILES = (Path("/etc/machine-id"), Path("/var/lib/dbus/machine-id"))
 # uuid.getnode() sets this bit when it found no hardware address and made up a random one.
 _RANDOM_MAC_BIT = 1 << 40
-
-
-class IdentityError(EngineError):
-    """The cluster key or the node id cannot be used; ``cause`` and ``fix`` say why and how."""
 
 
 class ClusterKey(Frozen):

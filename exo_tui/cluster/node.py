@@ -2,9 +2,9 @@
 
 Each node listens on its control port, advertises itself over mDNS and dials the peers it finds
 there or is given by hand (`--peer host:port`). Every connection starts with the mutual HMAC
-handshake of `protocol`; a peer without the cluster key is refused and reported as foreign.
+handshake of `wire.handshake`; a peer without the cluster key is refused and reported as foreign.
 Over a session both sides send their stats every second; the stats double as heartbeats, so a
-peer that is silent for `SILENCE_S` is lost (mDNS would take ~18 minutes to notice a SIGKILL).
+peer that is silent for `SILENCE_S` is lost (mDNS keeps a killed node's records far longer).
 
 One session per peer: when both sides dial each other, both keep the connection dialed by the
 smaller node id, so they agree without talking about it.
@@ -26,25 +26,25 @@ from pathlib import Path
 import anyio
 import anyio.abc
 
-from exo_tui.cluster import accepting
-from exo_tui.cluster.admission import Admission
 from exo_tui.cluster.control.coordinator import Coordinator
 from exo_tui.cluster.control.state import ClusterEvent, NodeLost, NodeStats, StatsUpdated
-from exo_tui.cluster.descriptors import raise_file_limit
 from exo_tui.cluster.discovery import Advert, Discovery, PeerFound, PeerRemoved
 from exo_tui.cluster.identity import ClusterKey, NodeIdentity
-from exo_tui.cluster.wire.protocol import (
+from exo_tui.cluster.listening import accept_loop
+from exo_tui.cluster.listening.admission import Admission
+from exo_tui.cluster.listening.file_limit import raise_file_limit
+from exo_tui.cluster.wire.frames import (
     PROTOCOL_VERSION,
     Frame,
-    FrameStream,
     Goodbye,
-    HandshakeRefused,
-    Heartbeat,
     HostCommand,
     InstanceReport,
-    PeerInfo,
-    ProtocolError,
     StatsFrame,
+)
+from exo_tui.cluster.wire.framing import FrameStream, ProtocolError
+from exo_tui.cluster.wire.handshake import (
+    HandshakeRefused,
+    PeerInfo,
     handshake_client,
     handshake_server,
 )
@@ -185,7 +185,7 @@ class Node:
                 on_store_changed=self._on_store_changed,
             )
             self.coordinator.tasks = tasks
-            tasks.start_soon(accepting.serve, listener, self._accept)
+            tasks.start_soon(accept_loop.serve, listener, self._accept)
             for text in self.options.peers:
                 tasks.start_soon(self._dial_forever, *parse_peer(text))
             if self.options.mdns:
@@ -410,8 +410,6 @@ class Node:
                 match frame:
                     case StatsFrame(stats=stats) if stats.node_id == peer.node_id:
                         self._on_event(StatsUpdated(stats=stats, at=time.time()))
-                    case Heartbeat():
-                        pass
                     case Goodbye(reason=reason):
                         if reason == DUPLICATE:
                             return None
@@ -468,7 +466,7 @@ def machine_node(
     """This machine as a node outside the TUI: its stats carry the models in its store,
     scanned again when a download for a peer lands."""
     from engine.models import find_models
-    from exo_tui.cluster.local import local_node_stats
+    from exo_tui.cluster.this_machine import local_node_stats
 
     cards = find_models(models_dirs)
 

@@ -360,7 +360,7 @@ def list_models(args: argparse.Namespace, cluster: ClusterSetup | None = None) -
     """The models on disk, then the catalogue with whether each fits this machine (or, with
     `cluster`, the nodes found on it)."""
     from engine.models import find_models_with_errors
-    from exo_tui.cluster.local import local_node_stats
+    from exo_tui.cluster.this_machine import local_node_stats
 
     cards, skipped = find_models_with_errors(args.models_dir)
     if cluster is not None:

@@ -32,6 +32,7 @@ from exo_tui.cluster.control.state import (
     NodeStats,
     apply,
 )
+from exo_tui.cluster.errors import ClusterError
 from exo_tui.cluster.node import ClusterSetup, machine_node
 
 if TYPE_CHECKING:
@@ -94,15 +95,17 @@ def run_chat_on_cluster(
     except BaseExceptionGroup as group:  # the task group wraps what went wrong
         from exo_tui.commands.node import listen_error
 
-        raise _first_engine_error(group) or listen_error(group, setup.options) or group from None
+        raise _first_user_error(group) or listen_error(group, setup.options) or group from None
 
 
-def _first_engine_error(group: BaseExceptionGroup[BaseException]) -> EngineError | None:
+def _first_user_error(
+    group: BaseExceptionGroup[BaseException],
+) -> EngineError | ClusterError | None:
     for error in group.exceptions:
-        if isinstance(error, EngineError):
+        if isinstance(error, EngineError | ClusterError):
             return error
         if isinstance(error, BaseExceptionGroup):
-            found = _first_engine_error(error)  # pyright: ignore[reportUnknownArgumentType]
+            found = _first_user_error(error)  # pyright: ignore[reportUnknownArgumentType]
             if found is not None:
                 return found
     return None

@@ -163,9 +163,9 @@ async def cluster(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     """Three nodes loading one model across them, each with its own bar."""
     placement, model = await _placed_on_three(app, pilot)
     for shard, done in zip(placement.shards, (1, 1, 0), strict=True):
-        app.dispatch(LoadStarted(node_id=shard.node_id, model=model, total=shard.num_layers))
+        app.dispatch(LoadStarted(node_id=shard.node_id, model=model, total=shard.spec.num_layers))
         app.dispatch(
-            LoadProgressed(node_id=shard.node_id, layers_loaded=done, total=shard.num_layers)
+            LoadProgressed(node_id=shard.node_id, layers_loaded=done, total=shard.spec.num_layers)
         )
     app.dispatch(
         ForeignSeen(
@@ -192,8 +192,8 @@ async def lost(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     """A node of the running model went away: the failure and the way on."""
     placement, model = await _placed_on_three(app, pilot)
     for shard in placement.shards:
-        app.dispatch(LoadStarted(node_id=shard.node_id, model=model, total=shard.num_layers))
-        app.dispatch(LoadFinished(node_id=shard.node_id, model=model, total=shard.num_layers))
+        app.dispatch(LoadStarted(node_id=shard.node_id, model=model, total=shard.spec.num_layers))
+        app.dispatch(LoadFinished(node_id=shard.node_id, model=model, total=shard.spec.num_layers))
     peers = [node_id for node_id in placement.node_ids if node_id != app.local_id]
     app.dispatch(NodeLost(node_id=peers[0], reason="stopped answering (no stats for 3 s)"))
     for node_id in (app.local_id, peers[1]):  # the coordinator stopped the other ranks

@@ -17,7 +17,8 @@ from textual.widgets import Static
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.cluster.identity import ClusterKey, load_node_identity
 from exo_tui.cluster.node import ClusterSetup, NodeOptions
-from exo_tui.cluster.wire.protocol import HEADER, PROTOCOL_VERSION
+from exo_tui.cluster.wire.frames import PROTOCOL_VERSION
+from exo_tui.cluster.wire.framing import HEADER
 from tests.app.helpers import fixed_stats, wait_until
 from tests.cluster.node_process import KEY, StartNode
 

@@ -18,7 +18,7 @@ from exo_tui.chat.tools import (
     local_cluster_status,
 )
 from exo_tui.cluster.control.state import ClusterState, NodeSeen, NodeStats, apply
-from exo_tui.cluster.local import cluster_summary
+from exo_tui.cluster.this_machine import cluster_summary
 
 
 @pytest.mark.parametrize(

@@ -21,9 +21,10 @@ from engine.generate import generate
 from engine.loading import load_model_sync
 from engine.models import read_card
 from engine.types import DoneChunk, ModelCard
-from exo_tui.cluster.control.coordinator import ClusterError, plan_fetches
+from exo_tui.cluster.control.coordinator import plan_fetches
 from exo_tui.cluster.control.placement import Placement
 from exo_tui.cluster.control.state import DownloadProgressed, LoadProgressed, LoadStarted, NodeStats
+from exo_tui.cluster.errors import ClusterError
 from tests.cluster.node_process import NodeProcess, StartNode
 from tests.cluster.test_coordinator import REQUEST, Coordinating, collect, runner_pids
 from tests.hostile_hub import HostileHub, climb_to, tree_outside
@@ -76,7 +77,7 @@ def hub_card(sharded: Path) -> ModelCard:
 
 
 def shares(placement: Placement) -> dict[str, tuple[int, int]]:
-    return {s.node_id: (s.start_layer, s.end_layer) for s in placement.shards}
+    return {s.node_id: (s.spec.start_layer, s.spec.end_layer) for s in placement.shards}
 
 
 async def test_each_node_fetches_only_its_layers_then_the_ring_matches_one_process(

@@ -22,7 +22,6 @@ from engine.generate import generate
 from engine.loading import load_model_sync
 from engine.models import read_card
 from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message, ModelCard
-from exo_tui.cluster.control.coordinator import ClusterError
 from exo_tui.cluster.control.placement import Placement, place
 from exo_tui.cluster.control.state import (
     ClusterEvent,
@@ -32,9 +31,10 @@ from exo_tui.cluster.control.state import (
     LoadProgressed,
     apply,
 )
+from exo_tui.cluster.errors import ClusterError
 from exo_tui.cluster.identity import ClusterKey, NodeIdentity
-from exo_tui.cluster.local import local_node_stats
 from exo_tui.cluster.node import Node, NodeOptions
+from exo_tui.cluster.this_machine import local_node_stats
 from tests.cluster.node_process import KEY, NodeProcess, StartNode
 
 pytestmark = pytest.mark.anyio
@@ -113,7 +113,9 @@ async def test_pipeline_over_two_nodes_is_token_identical_to_one_process(
         await cluster.node.coordinator.launch(placement, card)
         # Every node's bar reached n/n of its layers.
         finished = [e for e in cluster.events if isinstance(e, LoadFinished)]
-        assert sorted(e.total for e in finished) == sorted(s.num_layers for s in placement.shards)
+        assert sorted(e.total for e in finished) == sorted(
+            s.spec.num_layers for s in placement.shards
+        )
         progress = [e for e in cluster.events if isinstance(e, LoadProgressed)]
         assert {e.node_id for e in progress} == {n.node_id for n in nodes}
         chunks = await collect(cluster.node.coordinator.chat(REQUEST))
@@ -374,10 +376,9 @@ async def test_a_peers_shard_spec_out_of_bounds_is_refused_naming_the_layers(
         placement = place(cluster.state.candidates, card, "pipeline")
         assert isinstance(placement, Placement)
         # What a hostile peer can send: ShardSpec on the wire has no bounds of its own.
-        shard = placement.shards[0].model_construct(**{
-            **placement.shards[0].model_dump(), "start_layer": -3, "end_layer": 999
-        })  # fmt: skip
-        bad = placement.model_copy(update={"shards": (shard,)})
+        placed = placement.shards[0]
+        spec = placed.spec.model_copy(update={"start_layer": -3, "end_layer": 999})
+        bad = placement.model_copy(update={"shards": (placed.model_copy(update={"spec": spec}),)})
         with pytest.raises(ClusterError) as refused:
             await cluster.node.coordinator.launch(bad, card)
         message = str(refused.value)

@@ -27,7 +27,8 @@ import anyio
 import psutil
 import pytest
 
-from exo_tui.cluster.wire.protocol import HEADER, PROTOCOL_VERSION
+from exo_tui.cluster.wire.frames import PROTOCOL_VERSION
+from exo_tui.cluster.wire.framing import HEADER
 from tests.cluster.node_process import KEY, ROOT, StartNode, _is
 
 FLOOD = 2100

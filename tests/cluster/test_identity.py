@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from exo_tui.cluster.errors import IdentityError
 from exo_tui.cluster.identity import (
     KEY_ENV,
     ClusterKey,
-    IdentityError,
     key_path,
     load_cluster_key,
     load_node_identity,

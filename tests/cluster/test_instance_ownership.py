@@ -18,12 +18,11 @@ import pytest
 from engine.generate import generate
 from engine.loading import load_model_sync
 from engine.models import read_card
-from engine.parallel import ShardSpec
-from engine.types import DoneChunk, TextChunk
+from engine.types import DoneChunk, ShardSpec, TextChunk
 from exo_tui.cluster.control.placement import Placement, place
 from exo_tui.cluster.control.state import NodeStats
 from exo_tui.cluster.identity import ClusterKey
-from exo_tui.cluster.wire.protocol import (
+from exo_tui.cluster.wire.frames import (
     CancelChat,
     ChatFinished,
     ChatFrame,
@@ -31,7 +30,6 @@ from exo_tui.cluster.wire.protocol import (
     CommandRefused,
     FetchShard,
     Frame,
-    FrameStream,
     HostCommand,
     InstanceFailed,
     InstanceReport,
@@ -40,8 +38,9 @@ from exo_tui.cluster.wire.protocol import (
     ReservePorts,
     StatsFrame,
     StopInstance,
-    handshake_client,
 )
+from exo_tui.cluster.wire.framing import FrameStream
+from exo_tui.cluster.wire.handshake import handshake_client
 from tests.cluster.node_process import KEY, NodeProcess, StartNode
 from tests.cluster.test_coordinator import REQUEST, Coordinating, collect, runner_pids
 

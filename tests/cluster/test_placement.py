@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.types import ModelCard, Quantization
+from engine.types import ModelCard, Quantization, ShardSpec
 from exo_tui.cluster.control.placement import (
+    PlacedShard,
     Placement,
     PlacementError,
-    Shard,
     format_bytes,
     kv_cache_bytes,
     layer_weight_bytes,
@@ -80,7 +80,7 @@ def test_one_node_needs_the_whole_model_plus_kv() -> None:
     kv = 2 * 32 * 8 * 128 * 4096 * 2  # K and V, layers, kv heads, head dim, context, bf16
     shard = ok(place([node("a", 64 * GB)], c, "pipeline")).shards[0]
     assert shard.bytes_needed == c.bytes_on_disk + kv
-    assert (shard.start_layer, shard.end_layer, shard.rank) == (0, 32, 0)
+    assert shard.spec == ShardSpec(strategy="pipeline", start_layer=0, end_layer=32)
 
 
 def test_kv_bytes_follow_dtype_and_cap_at_the_model_context() -> None:
@@ -98,7 +98,7 @@ def test_embeddings_are_counted_on_every_pipeline_shard() -> None:
     assert non_layer_bytes(c) == embed
     assert layer_weight_bytes(c, 32) == c.bytes_on_disk - embed
     p = ok(place([node("a", 64 * GB), node("b", 64 * GB)], c, "pipeline"))
-    assert [s.num_layers for s in p.shards] == [16, 16]
+    assert [s.spec.num_layers for s in p.shards] == [16, 16]
     for s in p.shards:
         assert s.bytes_needed == pipeline_shard_bytes(c, 16, 4096)
         assert s.bytes_needed > embed + layer_weight_bytes(c, 16)
@@ -122,13 +122,14 @@ def test_layers_follow_available_memory_in_ring_order() -> None:
     c = card(bytes_on_disk=8 * GB)
     p = ok(place([node("small", 8 * GB), node("big", 24 * GB)], c, "pipeline"))
     assert p.node_ids == ("small", "big")
-    small, big = p.shards
+    small, big = (s.spec for s in p.shards)
     assert (small.rank, small.start_layer, small.end_layer) == (0, 0, small.num_layers)
     assert (big.rank, big.start_layer, big.end_layer) == (1, small.num_layers, 32)
     assert big.num_layers > 2 * small.num_layers
-    assert p.shard_for("big") == big and p.shard_for("nope") is None
+    assert (small.world_size, big.world_size) == (2, 2)
+    assert p.specs_for("big") == (big,) and p.specs_for("nope") == ()
     assert p.num_layers == 32 and p.world_size == 2
-    assert p.bytes_needed == small.bytes_needed + big.bytes_needed
+    assert p.bytes_needed == sum(s.bytes_needed for s in p.shards)
     assert "rank 0 small: layers 0-" in p.describe()
 
 
@@ -144,7 +145,7 @@ def test_a_node_without_room_still_gets_one_layer_and_is_reported_short() -> Non
     e = failed(place([node("a", 64 * GB), node("tiny", GB // 2)], c, "pipeline"))
     assert e.kind == "memory"
     assert [s.node_id for s in e.shortfalls] == ["tiny"]
-    assert [s.num_layers for s in e.shards] == [31, 1]
+    assert [s.spec.num_layers for s in e.shards] == [31, 1]
 
 
 def test_short_node_message() -> None:
@@ -177,7 +178,10 @@ def test_tensor_gives_every_node_every_layer_and_a_slice_of_the_heads() -> None:
     c = card()
     p = ok(place([node("a", 64 * GB), node("b", 64 * GB)], c, "tensor"))
     assert p.strategy == "tensor"
-    assert [(s.rank, s.start_layer, s.end_layer) for s in p.shards] == [(0, 0, 32), (1, 0, 32)]
+    assert [s.spec for s in p.shards] == [
+        ShardSpec(strategy="tensor", start_layer=0, end_layer=32, rank=r, world_size=2)
+        for r in (0, 1)
+    ]
     expected = non_layer_bytes(c) + layer_weight_bytes(c, 32) // 2 + kv_cache_bytes(c, 32, 4096, 4)
     assert tensor_shard_bytes(c, 2, 4096) == expected
     assert all(s.bytes_needed == expected for s in p.shards)
@@ -264,9 +268,10 @@ node_lists = st.lists(st.integers(0, 256 * GB), min_size=1, max_size=12).map(
 contexts = st.integers(1, 65536)
 
 
-def check_shards_match_nodes(shards: tuple[Shard, ...], nodes: list[Node]) -> None:
+def check_shards_match_nodes(shards: tuple[PlacedShard, ...], nodes: list[Node]) -> None:
     assert [s.node_id for s in shards] == [n.node_id for n in nodes]
-    assert [s.rank for s in shards] == list(range(len(nodes)))
+    assert [s.spec.rank for s in shards] == list(range(len(nodes)))
+    assert all(s.spec.world_size == len(nodes) for s in shards)
     assert [s.bytes_available for s in shards] == [n.memory_available_bytes for n in nodes]
 
 
@@ -279,21 +284,23 @@ def test_pipeline_properties(c: ModelCard, nodes: list[Node], context: int) -> N
         return
     shards = result.shards
     check_shards_match_nodes(shards, nodes)
+    specs = [s.spec for s in shards]
     # Contiguous, every layer exactly once, at least one layer each.
-    assert shards[0].start_layer == 0
-    assert shards[-1].end_layer == c.num_layers
-    for before, after in zip(shards, shards[1:], strict=False):
+    assert all(spec.strategy == "pipeline" for spec in specs)
+    assert specs[0].start_layer == 0
+    assert specs[-1].end_layer == c.num_layers
+    for before, after in zip(specs, specs[1:], strict=False):
         assert before.end_layer == after.start_layer
-    assert all(s.num_layers >= 1 for s in shards)
-    assert sum(s.num_layers for s in shards) == c.num_layers
+    assert all(spec.num_layers >= 1 for spec in specs)
+    assert sum(spec.num_layers for spec in specs) == c.num_layers
     # More available memory never means fewer layers.
     for a in shards:
         for b in shards:
             if a.bytes_available > b.bytes_available:
-                assert a.num_layers >= b.num_layers, (a, b)
+                assert a.spec.num_layers >= b.spec.num_layers, (a, b)
     # Bytes follow the documented estimate.
     for s in shards:
-        assert s.bytes_needed == pipeline_shard_bytes(c, s.num_layers, context)
+        assert s.bytes_needed == pipeline_shard_bytes(c, s.spec.num_layers, context)
     if isinstance(result, Placement):
         assert all(s.bytes_needed <= s.bytes_available for s in shards)
     else:
@@ -318,7 +325,7 @@ def test_pipeline_shares_are_roughly_proportional(
     usable = [max(0, m - non_layer_bytes(c)) for m in mems]
     if sum(usable) == 0:
         return
-    counts = [s.num_layers for s in result.shards]
+    counts = [s.spec.num_layers for s in result.shards]
     bumped = sum(1 for u in usable if c.num_layers * u < sum(usable))
     for u, n in zip(usable, counts, strict=True):
         share = c.num_layers * u / sum(usable)
@@ -335,7 +342,8 @@ def test_tensor_properties(c: ModelCard, nodes: list[Node], context: int) -> Non
         return
     shards = result.shards
     check_shards_match_nodes(shards, nodes)
-    assert all((s.start_layer, s.end_layer) == (0, c.num_layers) for s in shards)
+    assert all((s.spec.start_layer, s.spec.end_layer) == (0, c.num_layers) for s in shards)
+    assert all(s.spec.strategy == "tensor" for s in shards)
     assert len({s.bytes_needed for s in shards}) == 1
     if isinstance(result, Placement):
         assert all(s.fits for s in shards)

@@ -23,7 +23,7 @@ import pytest
 from engine.generate import generate
 from engine.loading import load_model_sync, run_loading
 from engine.models import read_card
-from engine.parallel import ShardError, ShardSpec, pipeline_specs, tensor_specs
+from engine.parallel import ShardError, pipeline_specs, tensor_specs
 from engine.types import (
     ChatRequest,
     Chunk,
@@ -31,9 +31,11 @@ from engine.types import (
     ErrorChunk,
     Message,
     ModelCard,
+    ShardSpec,
     TextChunk,
 )
-from exo_tui.cluster.worker.local_ring import LocalRing, RingError, _Rank, start_local_ranks
+from exo_tui.cluster.errors import RingError
+from exo_tui.cluster.worker.local_ring import LocalRing, _Rank, start_local_ranks
 
 pytestmark = pytest.mark.timeout(120)
 

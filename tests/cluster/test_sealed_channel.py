@@ -10,19 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exo_tui.cluster.wire.protocol import (
-    HEADER,
-    Frame,
-    FrameStream,
-    Goodbye,
-    Heartbeat,
-    ProtocolError,
-    StatsFrame,
-    StopInstance,
-    encode,
-)
+from exo_tui.cluster.wire.frames import FetchDone, Frame, Goodbye, StatsFrame, StopInstance, Welcome
+from exo_tui.cluster.wire.framing import HEADER, FrameStream, ProtocolError, encode
 from exo_tui.cluster.wire.sealed import SealedChannel
-from tests.cluster.test_protocol import EVERY_FRAME, NONCE, STATS, ScriptedStream
+from tests.cluster.wire_ends import EVERY_FRAME, NONCE, STATS, ScriptedStream
 
 KEY = b"k" * 32
 OTHER_NONCE = "cd" * 32
@@ -30,7 +21,7 @@ TRANSCRIPT = b'["a transcript"]'
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 SESSION_FRAMES: list[Frame] = [
-    Heartbeat(sent_at=1.5),
+    FetchDone(instance_id="i1"),
     StatsFrame(stats=STATS),
     Goodbye(reason="done"),
     StopInstance(instance_id="i1"),
@@ -91,7 +82,7 @@ def test_nothing_of_a_sealed_frame_is_readable() -> None:
 
 def test_the_two_directions_have_different_keys() -> None:
     # A frame the client sealed, reflected back to the client, does not open there.
-    reflected = sealed_frames([Heartbeat(sent_at=1.0)])[0]
+    reflected = sealed_frames([Welcome()])[0]
 
     async def receive_as_client() -> None:
         frames = FrameStream(ScriptedStream(reflected))
@@ -103,7 +94,7 @@ def test_the_two_directions_have_different_keys() -> None:
 
 
 def test_another_key_opens_nothing() -> None:
-    sealed = sealed_frames([Heartbeat(sent_at=1.0)])[0]
+    sealed = sealed_frames([Welcome()])[0]
 
     async def receive_with_another_key() -> None:
         frames = FrameStream(ScriptedStream(sealed))

@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from exo_tui.cluster.wire.protocol import Goodbye, encode
+from exo_tui.cluster.wire.frames import Goodbye
+from exo_tui.cluster.wire.framing import encode
 from tests.cluster.node_process import NodeProcess, StartNode, _is
 from tests.cluster.relay import Attack, Relay
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import reduce
 from typing import Any
 
 import pytest
@@ -9,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from engine.types import ModelCard
-from exo_tui.cluster.control.placement import Placement, Shard, place
+from engine.types import ModelCard, ShardSpec
+from exo_tui.cluster.control.placement import PlacedShard, Placement, place
 from exo_tui.cluster.control.state import (
     FOREIGN_LISTED,
     ClusterEvent,
@@ -41,8 +42,6 @@ from exo_tui.cluster.control.state import (
     StrategySelected,
     Unloaded,
     apply,
-    apply_all,
-    stale_nodes,
 )
 
 GB = 1_000_000_000
@@ -69,18 +68,26 @@ def two_node_placement() -> Placement:
         model="tiny",
         context_length=4096,
         shards=(
-            Shard(
-                node_id="a", rank=0, start_layer=0, end_layer=2, bytes_needed=1, bytes_available=GB
+            PlacedShard(
+                node_id="a",
+                spec=ShardSpec(strategy="pipeline", start_layer=0, end_layer=2, world_size=2),
+                bytes_needed=1,
+                bytes_available=GB,
             ),
-            Shard(
-                node_id="b", rank=1, start_layer=2, end_layer=4, bytes_needed=1, bytes_available=GB
+            PlacedShard(
+                node_id="b",
+                spec=ShardSpec(
+                    strategy="pipeline", start_layer=2, end_layer=4, rank=1, world_size=2
+                ),
+                bytes_needed=1,
+                bytes_available=GB,
             ),
         ),
     )
 
 
 def cluster(*ids: str) -> ClusterState:
-    return apply_all(EMPTY, [NodeSeen(stats=stats(i), at=1.0) for i in ids])
+    return reduce(apply, [NodeSeen(stats=stats(i), at=1.0) for i in ids], EMPTY)
 
 
 def runner(state: ClusterState, node_id: str) -> object:
@@ -99,12 +106,13 @@ def test_nodes_appear_in_the_order_seen() -> None:
 
 
 def test_stats_update_memory_and_last_seen_and_keep_the_runner() -> None:
-    state = apply_all(
-        cluster("a"),
+    state = reduce(
+        apply,
         [
             LoadStarted(node_id="a", model="tiny", total=4),
             StatsUpdated(stats=stats("a", available=3 * GB), at=5.0),
         ],
+        cluster("a"),
     )
     view = state.node("a")
     assert view is not None
@@ -122,11 +130,11 @@ def test_stats_from_an_unknown_node_add_it() -> None:
 def test_a_full_load_generate_unload_cycle() -> None:
     state = apply(cluster("a", "b"), InstancePlaced(placement=two_node_placement()))
     assert state.instance_status == "placed"
-    state = apply_all(state, [LoadStarted(node_id=i, model="tiny", total=2) for i in "ab"])
+    state = reduce(apply, [LoadStarted(node_id=i, model="tiny", total=2) for i in "ab"], state)
     assert state.instance_status == "loading"
     state = apply(state, LoadProgressed(node_id="a", layers_loaded=1, total=2))
     assert runner(state, "a") == RunnerLoading(model="tiny", layers_loaded=1, layers_total=2)
-    state = apply_all(state, [LoadFinished(node_id=i, model="tiny", total=2) for i in "ab"])
+    state = reduce(apply, [LoadFinished(node_id=i, model="tiny", total=2) for i in "ab"], state)
     assert runner(state, "a") == RunnerReady(model="tiny", layers_total=2)
     assert state.instance_status == "ready"
     state = apply(state, GenerationStarted(node_id="a"))
@@ -142,26 +150,28 @@ def test_a_full_load_generate_unload_cycle() -> None:
 
 
 def test_progress_is_clamped_and_ignored_when_not_loading() -> None:
-    state = apply_all(
-        cluster("a"),
+    state = reduce(
+        apply,
         [
             LoadProgressed(node_id="a", layers_loaded=1, total=4),  # not loading: stale
         ],
+        cluster("a"),
     )
     assert runner(state, "a") == RunnerIdle()
-    state = apply_all(
-        state,
+    state = reduce(
+        apply,
         [
             LoadStarted(node_id="a", model="tiny", total=4),
             LoadProgressed(node_id="a", layers_loaded=9, total=4),
         ],
+        state,
     )
     assert runner(state, "a") == RunnerLoading(model="tiny", layers_loaded=4, layers_total=4)
 
 
 def test_load_failure_fails_the_runner_and_the_instance_with_the_reason() -> None:
-    state = apply_all(
-        cluster("a", "b"),
+    state = reduce(
+        apply,
         [
             InstancePlaced(placement=two_node_placement()),
             LoadStarted(node_id="a", model="tiny", total=2),
@@ -169,13 +179,14 @@ def test_load_failure_fails_the_runner_and_the_instance_with_the_reason() -> Non
             LoadProgressed(node_id="a", layers_loaded=1, total=2),  # late: ignored
             LoadFinished(node_id="a", model="tiny", total=2),  # late: ignored
         ],
+        cluster("a", "b"),
     )
     assert runner(state, "a") == RunnerFailed(reason="out of memory", model="tiny")
     assert state.instance is not None
     assert state.instance.failed_reason == "node host-a: out of memory"
     assert state.instance_status == "failed"
     # The failure stays while the other ranks are stopped, until placed again or cleared.
-    state = apply_all(state, [Unloaded(node_id="a"), Unloaded(node_id="b")])
+    state = reduce(apply, [Unloaded(node_id="a"), Unloaded(node_id="b")], state)
     assert state.instance_status == "failed"
     assert apply(state, InstanceCleared()).instance is None
     again = apply(state, InstancePlaced(placement=two_node_placement()))
@@ -183,14 +194,15 @@ def test_load_failure_fails_the_runner_and_the_instance_with_the_reason() -> Non
 
 
 def test_losing_a_node_fails_its_runner_and_the_instance_and_ignores_it_after() -> None:
-    state = apply_all(
-        cluster("a", "b"),
+    state = reduce(
+        apply,
         [
             InstancePlaced(placement=two_node_placement()),
             LoadStarted(node_id="b", model="tiny", total=2),
             NodeLost(node_id="b"),
             LoadProgressed(node_id="b", layers_loaded=1, total=2),
         ],
+        cluster("a", "b"),
     )
     b = state.node("b")
     assert b is not None and not b.online
@@ -202,9 +214,10 @@ def test_losing_a_node_fails_its_runner_and_the_instance_and_ignores_it_after() 
 
 
 def test_placing_on_an_offline_node_fails_the_instance_at_once() -> None:
-    state = apply_all(
-        cluster("a", "b"),
+    state = reduce(
+        apply,
         [NodeLost(node_id="b"), InstancePlaced(placement=two_node_placement())],
+        cluster("a", "b"),
     )
     assert state.instance is not None
     assert state.instance.failed_reason == "node host-b is offline"
@@ -212,13 +225,14 @@ def test_placing_on_an_offline_node_fails_the_instance_at_once() -> None:
 
 
 def test_a_node_that_comes_back_is_usable_again() -> None:
-    state = apply_all(
-        cluster("a"),
+    state = reduce(
+        apply,
         [
             LoadStarted(node_id="a", model="tiny", total=2),
             NodeLost(node_id="a", reason="was killed"),
             NodeSeen(stats=stats("a"), at=9.0),
         ],
+        cluster("a"),
     )
     view = state.node("a")
     assert view is not None
@@ -253,9 +267,10 @@ def test_generation_events_only_move_ready_and_generating_runners() -> None:
 
 
 def test_choices_and_candidates() -> None:
-    state = apply_all(
-        cluster("a", "b", "c"),
+    state = reduce(
+        apply,
         [ModelSelected(model="tiny"), StrategySelected(strategy="tensor"), NodeLost(node_id="b")],
+        cluster("a", "b", "c"),
     )
     assert (state.model, state.strategy) == ("tiny", "tensor")
     assert [s.node_id for s in state.candidates] == ["a", "c"]
@@ -290,12 +305,13 @@ def test_candidates_feed_placement() -> None:
     assert state.instance_status == "placed"
 
 
-def test_stale_nodes() -> None:
-    state = apply_all(
-        cluster("a", "b"), [StatsUpdated(stats=stats("b"), at=10.0), NodeLost(node_id="a")]
+def test_stats_refresh_when_a_node_was_seen_and_a_lost_node_goes_offline() -> None:
+    state = reduce(
+        apply, [StatsUpdated(stats=stats("b"), at=10.0), NodeLost(node_id="a")], cluster("a", "b")
     )
-    assert stale_nodes(state, now=12.0, timeout=3.0) == ()
-    assert stale_nodes(cluster("a", "b"), now=12.0, timeout=3.0) == ("a", "b")
+    a, b = state.node("a"), state.node("b")
+    assert a is not None and not a.online and a.last_seen == 1.0
+    assert b is not None and b.online and b.last_seen == 10.0
 
 
 def test_invalid_states_are_refused() -> None:
@@ -338,11 +354,15 @@ placements = st.lists(ids, min_size=1, max_size=4, unique=True).map(
         model="tiny",
         context_length=1024,
         shards=tuple(
-            Shard(
+            PlacedShard(
                 node_id=i,
-                rank=r,
-                start_layer=r,
-                end_layer=r + 1,
+                spec=ShardSpec(
+                    strategy="pipeline",
+                    start_layer=r,
+                    end_layer=r + 1,
+                    rank=r,
+                    world_size=len(chosen),
+                ),
                 bytes_needed=1,
                 bytes_available=GB,
             )
@@ -408,7 +428,9 @@ def test_any_sequence_of_events_keeps_the_invariants(sequence: list[ClusterEvent
 
 def test_foreign_peers_are_listed_once_each_and_cleared_when_they_join() -> None:
     refused = ForeignNode(name="host-x", address="10.0.0.9:52525", fingerprint="ab", reason="key")
-    state = apply_all(cluster("a"), [ForeignSeen(foreign=refused), ForeignSeen(foreign=refused)])
+    state = reduce(
+        apply, [ForeignSeen(foreign=refused), ForeignSeen(foreign=refused)], cluster("a")
+    )
     assert state.foreign == (refused.model_copy(update={"count": 2}),)
     assert [n.node_id for n in state.online_nodes] == ["a"]  # never a node, never placed on
     state = apply(state, NodeSeen(stats=stats("x"), at=2.0))  # given the key, it joins
@@ -420,7 +442,7 @@ def test_an_address_claiming_a_new_name_each_time_is_one_entry_with_a_count() ->
         ForeignNode(name=f"fake-{n}", address=f"10.0.0.66:{40000 + n}", reason=f"version {n}")
         for n in range(300)
     ]
-    state = apply_all(cluster("a"), [ForeignSeen(foreign=f) for f in fakes])
+    state = reduce(apply, [ForeignSeen(foreign=f) for f in fakes], cluster("a"))
     (entry,) = state.foreign
     assert (entry.count, entry.name, entry.host) == (300, "fake-299", "10.0.0.66")
 
@@ -428,6 +450,6 @@ def test_an_address_claiming_a_new_name_each_time_is_one_entry_with_a_count() ->
 def test_a_flood_from_many_addresses_keeps_only_the_latest_listed() -> None:
     fakes = [ForeignNode(name="fake", address=f"10.1.{n // 250}.{n % 250}:1", reason="key")
              for n in range(1000)]  # fmt: skip
-    state = apply_all(cluster("a"), [ForeignSeen(foreign=f) for f in fakes])
+    state = reduce(apply, [ForeignSeen(foreign=f) for f in fakes], cluster("a"))
     assert len(state.foreign) == FOREIGN_LISTED
     assert state.foreign[-1].host == fakes[-1].host

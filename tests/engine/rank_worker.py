@@ -31,8 +31,8 @@ from pydantic import TypeAdapter
 
 from engine.generate import generate
 from engine.loading import LoadedModel, load_model, run_loading
-from engine.parallel import ShardSpec, load_shard
-from engine.types import ChatRequest, DoneChunk, Frozen, LoadProgress, Message, TextChunk
+from engine.parallel import load_shard
+from engine.types import ChatRequest, DoneChunk, Frozen, LoadProgress, Message, ShardSpec, TextChunk
 
 REPO = Path(__file__).resolve().parents[2]
 

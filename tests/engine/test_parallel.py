@@ -25,8 +25,7 @@ from engine.loading import load_model_sync, open_lazy, run_loading, transformer_
 from engine.models import read_card
 from engine.parallel import (
     ShardError,
-    ShardSpec,
-    _reindex,  # pyright: ignore[reportPrivateUsage]
+    _reindex,
     check_shard_spec,
     check_shard_specs,
     even_layer_counts,
@@ -35,7 +34,7 @@ from engine.parallel import (
     pipeline_specs,
     tensor_specs,
 )
-from engine.types import LoadProgress, ModelCard
+from engine.types import LoadProgress, ModelCard, ShardSpec
 from tests.conftest import TinyModelFactory
 from tests.engine.rank_worker import Job, JobResult, collect, converse, start_ranks
 from tests.tiny_models import ARCHITECTURES

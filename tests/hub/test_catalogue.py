@@ -87,7 +87,7 @@ def test_entry_card_is_placeable() -> None:
     nodes = [Node("a", 32 * 2**30), Node("b", 32 * 2**30)]
     placement = place(nodes, card, "pipeline")
     assert isinstance(placement, Placement), placement
-    assert sum(s.num_layers for s in placement.shards) == 80
+    assert sum(s.spec.num_layers for s in placement.shards) == 80
     too_small = place([Node("a", 8 * 2**30)], card, "pipeline")
     assert isinstance(too_small, PlacementError) and too_small.kind == "memory"
 

@@ -13,26 +13,21 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import RadioButton, RadioSet, Static
 
-from engine.types import ModelCard
+from engine.types import ModelCard, Strategy
 from exo_tui.app.screens.model_picker import describe
 from exo_tui.app.widgets import quiet
-from exo_tui.cluster.control.placement import (
-    Placement,
-    PlacementError,
-    Shard,
-    Strategy,
-    format_bytes,
-)
+from exo_tui.cluster.control.placement import PlacedShard, Placement, PlacementError, format_bytes
 
 
-def shard_table(shards: tuple[Shard, ...], names: Mapping[str, str]) -> Table:
+def shard_table(shards: tuple[PlacedShard, ...], names: Mapping[str, str]) -> Table:
     table = Table(box=None, pad_edge=False, expand=True, show_edge=False)
     table.add_column("node")
     table.add_column("layers")
     table.add_column("needs", justify="right")
     table.add_column("free", justify="right")
     for shard in shards:
-        layers = f"{shard.start_layer}–{shard.end_layer - 1}" if shard.num_layers else "-"
+        spec = shard.spec
+        layers = f"{spec.start_layer}–{spec.end_layer - 1}" if spec.num_layers else "-"
         table.add_row(
             names.get(shard.node_id, shard.node_id),
             layers,
@@ -48,7 +43,7 @@ def preview_key(placement: Placement | PlacementError | None, names: Mapping[str
     if placement is None:
         return None
     shards = tuple(
-        (names.get(s.node_id, s.node_id), s.start_layer, s.end_layer, s.fits,
+        (names.get(s.node_id, s.node_id), s.spec.start_layer, s.spec.end_layer, s.fits,
          format_bytes(s.bytes_needed), format_bytes(s.bytes_available))
         for s in placement.shards
     )  # fmt: skip

@@ -26,9 +26,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from engine.errors import EngineError
 from engine.generate import CancelToken
-from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, ModelCard
 from exo_tui.cluster.control.placement import Placement
 from exo_tui.cluster.control.state import (
@@ -41,7 +39,8 @@ from exo_tui.cluster.control.state import (
     NodeStats,
     Unloaded,
 )
-from exo_tui.cluster.wire.protocol import (
+from exo_tui.cluster.errors import LaunchError
+from exo_tui.cluster.wire.frames import (
     CancelChat,
     ChatFinished,
     ChatFrame,
@@ -61,6 +60,7 @@ from exo_tui.cluster.wire.protocol import (
     SendFrame,
     StopInstance,
 )
+from exo_tui.cluster.worker.failures import lost_a_peer
 from exo_tui.cluster.worker.local_ring import failure_chunks
 
 Address = Callable[[str], str]  # node id -> the address the ring reaches it on
@@ -70,10 +70,6 @@ GATHER_S = 0.5  # how long a failure waits for the other nodes' reports
 STOP_TIMEOUT_S = 10.0
 
 
-class ClusterError(EngineError):
-    """The instance could not be launched or kept running; its ranks are stopped."""
-
-
 Fetches = Mapping[str, tuple[int, int] | None]  # node id -> the layers to download (None: all)
 
 
@@ -81,7 +77,7 @@ def plan_fetches(placement: Placement, card: ModelCard, nodes: Sequence[NodeStat
     """What each node of `placement` must download before the launch: the files of the layers
     its ranks hold (a pipeline node), or all of them (tensor), unless they are on its disk.
 
-    Raises ClusterError when a node lacks a model that cannot be downloaded (not a hub repo).
+    Raises LaunchError when a node lacks a model that cannot be downloaded (not a hub repo).
     """
     by_id = {n.node_id: n for n in nodes}
     fetches: dict[str, tuple[int, int] | None] = {}
@@ -89,10 +85,10 @@ def plan_fetches(placement: Placement, card: ModelCard, nodes: Sequence[NodeStat
         node = by_id.get(node_id)
         if node is None:
             continue  # gone: the launch fails on it with that reason
-        shards = [s for s in placement.shards if s.node_id == node_id]
+        specs = placement.specs_for(node_id)
         # A node holding several pipeline ranks fetches the span from its first to last layer.
         span = (
-            (min(s.start_layer for s in shards), max(s.end_layer for s in shards))
+            (min(s.start_layer for s in specs), max(s.end_layer for s in specs))
             if placement.strategy == "pipeline"
             else None
         )
@@ -102,7 +98,7 @@ def plan_fetches(placement: Placement, card: ModelCard, nodes: Sequence[NodeStat
         if held is not None and (held.holds_layers(*span) if span else held.layers_on_disk is None):
             continue
         if card.source != "hf_cache":
-            raise ClusterError(
+            raise LaunchError(
                 f"node {node.name} has no model called {placement.model} on disk",
                 f"Copy the model folder into a models folder of {node.name}, or choose other nodes",
             )
@@ -190,7 +186,7 @@ class Coordinator:
         join_timeout_s: float = 60.0,
         fetches: Fetches | None = None,
     ) -> None:
-        """Start the ring of `placement`; returns when every node is ready, raises ClusterError
+        """Start the ring of `placement`; returns when every node is ready, raises LaunchError
         (every node stopped) when one fails or is lost.
 
         `fetches` (from plan_fetches) are the downloads some nodes make first, each reporting
@@ -199,8 +195,8 @@ class Coordinator:
         if self.instance is not None:
             await self.stop()
         instance = _Instance(uuid.uuid4().hex[:12], placement, card)
-        for shard in sorted(placement.shards, key=lambda s: s.rank):
-            instance.ranks_of.setdefault(shard.node_id, []).append(shard.rank)
+        for shard in sorted(placement.shards, key=lambda s: s.spec.rank):
+            instance.ranks_of.setdefault(shard.node_id, []).append(shard.spec.rank)
         self.instance = instance
         fetching = set(fetches or {})
         try:
@@ -215,7 +211,7 @@ class Coordinator:
                 if node_id not in fetching:
                     await self._launch_node(launch, node_id)
             await self._until_ready(launch, fetching)
-        except ClusterError:
+        except LaunchError:
             raise
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -225,13 +221,7 @@ class Coordinator:
     async def _launch_node(self, launch: _Launch, node_id: str) -> None:
         """Ask `node_id` to start its ranks of the ring (it loads them from its own store)."""
         instance = launch.instance
-        placement = instance.placement
-        world = len(placement.shards)
-        specs = tuple(
-            ShardSpec(strategy=placement.strategy, start_layer=s.start_layer,
-                      end_layer=s.end_layer, rank=s.rank, world_size=world)
-            for s in placement.shards if s.node_id == node_id
-        )  # fmt: skip
+        specs = instance.placement.specs_for(node_id)
         total = sum(s.num_layers for s in specs)
         self._on_event(LoadStarted(node_id=node_id, model=instance.card.name, total=total))
         frame = LaunchRanks(
@@ -360,7 +350,7 @@ class Coordinator:
                 case InstanceFailed(reason=reason):
                     try:
                         await self._fail(instance, reason, node_id)
-                    except ClusterError as error:
+                    except LaunchError as error:
                         for chunk in failure_chunks(str(error)):
                             yield chunk
                     return
@@ -391,7 +381,7 @@ class Coordinator:
             self._on_event(Unloaded(node_id=node_id))
 
     async def _fail(self, instance: _Instance, reason: str, node_id: str | None = None) -> None:
-        """Mark the instance failed, stop every other node, and raise ClusterError.
+        """Mark the instance failed, stop every other node, and raise LaunchError.
 
         The first report is often a node that only lost its ring peer; the one whose runner
         actually died reports a moment later. Gather the reports for a moment and put the
@@ -402,7 +392,7 @@ class Coordinator:
                 other, frame = await self._next(instance)
                 if isinstance(frame, InstanceFailed):
                     reports.append((other, frame.reason))
-        causes = [r for r in reports if not _lost_a_peer(r[1])] or reports
+        causes = [r for r in reports if not lost_a_peer(r[1])] or reports
         node_id, reason = causes[0]
         echoes = [r for _, r in reports if r != reason]
         if echoes:
@@ -412,9 +402,4 @@ class Coordinator:
             self._on_event(LoadFailed(node_id=node_id, reason=reason))
         self.instance = None
         await self._stop_nodes(instance, wait=False, skip=node_id)
-        raise ClusterError(reason, "Place the model again on the nodes that are left")
-
-
-def _lost_a_peer(reason: str) -> bool:
-    """A report of a rank that only saw its ring peer go away (MLX's words for it)."""
-    return "peer was lost" in reason or "Socket" in reason or "connection to a peer" in reason
+        raise LaunchError(reason, "Place the model again on the nodes that are left")

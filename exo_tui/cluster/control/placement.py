@@ -33,9 +33,7 @@ from typing import Literal, Protocol
 
 from pydantic import Field
 
-from engine.types import Frozen, ModelCard
-
-Strategy = Literal["pipeline", "tensor"]
+from engine.types import Frozen, ModelCard, ShardSpec, Strategy
 
 PlacementErrorKind = Literal[
     "no_nodes",
@@ -61,19 +59,13 @@ class PlacementNode(Protocol):
     def memory_available_bytes(self) -> int: ...
 
 
-class Shard(Frozen):
-    """One node's part: layers ``[start_layer, end_layer)`` at ``rank``, and the memory it needs."""
+class PlacedShard(Frozen):
+    """One node's part: the shard it runs as its rank, and the memory that shard needs."""
 
     node_id: str
-    rank: int = Field(ge=0)
-    start_layer: int = Field(ge=0)
-    end_layer: int = Field(ge=0)
+    spec: ShardSpec
     bytes_needed: int = Field(ge=0)
     bytes_available: int
-
-    @property
-    def num_layers(self) -> int:
-        return self.end_layer - self.start_layer
 
     @property
     def fits(self) -> bool:
@@ -91,7 +83,7 @@ class Placement(Frozen):
     strategy: Strategy
     model: str
     context_length: int = Field(ge=1)
-    shards: tuple[Shard, ...] = Field(min_length=1)
+    shards: tuple[PlacedShard, ...] = Field(min_length=1)
 
     @property
     def world_size(self) -> int:
@@ -104,21 +96,22 @@ class Placement(Frozen):
 
     @property
     def num_layers(self) -> int:
-        return max(s.end_layer for s in self.shards)
+        return max(s.spec.end_layer for s in self.shards)
 
     @property
     def bytes_needed(self) -> int:
         """Bytes over the whole cluster."""
         return sum(s.bytes_needed for s in self.shards)
 
-    def shard_for(self, node_id: str) -> Shard | None:
-        return next((s for s in self.shards if s.node_id == node_id), None)
+    def specs_for(self, node_id: str) -> tuple[ShardSpec, ...]:
+        """The shards `node_id` runs, in rank order (one, unless it was chosen more than once)."""
+        return tuple(s.spec for s in self.shards if s.node_id == node_id)
 
     def describe(self) -> str:
         """One line per shard, for logs and the headless CLI."""
         return "\n".join(
-            f"rank {s.rank} {s.node_id}: layers {s.start_layer}-{s.end_layer - 1} "
-            f"({s.num_layers}), needs {format_bytes(s.bytes_needed)} "
+            f"rank {s.spec.rank} {s.node_id}: layers {s.spec.start_layer}-{s.spec.end_layer - 1} "
+            f"({s.spec.num_layers}), needs {format_bytes(s.bytes_needed)} "
             f"of {format_bytes(s.bytes_available)}"
             for s in self.shards
         )
@@ -156,7 +149,7 @@ class PlacementError(Frozen):
     kind: PlacementErrorKind
     message: str
     shortfalls: tuple[Shortfall, ...] = ()
-    shards: tuple[Shard, ...] = ()
+    shards: tuple[PlacedShard, ...] = ()
 
     def __str__(self) -> str:
         return self.message
@@ -277,15 +270,20 @@ def place(
                 f"choose at most {card.num_layers} nodes.",
             )
         counts = _pipeline_counts(nodes, card, context_length)
-        shards: list[Shard] = []
+        shards: list[PlacedShard] = []
         start = 0
         for rank, (node, count) in enumerate(zip(nodes, counts, strict=True)):
+            spec = ShardSpec(
+                strategy="pipeline",
+                start_layer=start,
+                end_layer=start + count,
+                rank=rank,
+                world_size=len(nodes),
+            )
             shards.append(
-                Shard(
+                PlacedShard(
                     node_id=node.node_id,
-                    rank=rank,
-                    start_layer=start,
-                    end_layer=start + count,
+                    spec=spec,
                     bytes_needed=pipeline_shard_bytes(card, count, context_length),
                     bytes_available=node.memory_available_bytes,
                 )
@@ -298,11 +296,15 @@ def place(
             return error(kind, message)
         needed = tensor_shard_bytes(card, len(nodes), context_length)
         shards = [
-            Shard(
+            PlacedShard(
                 node_id=node.node_id,
-                rank=rank,
-                start_layer=0,
-                end_layer=card.num_layers,
+                spec=ShardSpec(
+                    strategy="tensor",
+                    start_layer=0,
+                    end_layer=card.num_layers,
+                    rank=rank,
+                    world_size=len(nodes),
+                ),
                 bytes_needed=needed,
                 bytes_available=node.memory_available_bytes,
             )

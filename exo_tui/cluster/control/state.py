@@ -16,13 +16,12 @@ produce `ClusterEvent`s; nothing else changes the state. Rules the reducer keeps
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
-from engine.types import Frozen, ModelCard
-from exo_tui.cluster.control.placement import Placement, Strategy
+from engine.types import Frozen, ModelCard, Strategy
+from exo_tui.cluster.control.placement import Placement
 
 Backend = Literal["cpu", "metal", "cuda"]
 
@@ -382,17 +381,6 @@ def apply(state: ClusterState, event: ClusterEvent) -> ClusterState:
             return _with(state, instance=None)
         case ForeignSeen(foreign=foreign):
             return _with(state, foreign=_refused(state.foreign, foreign))
-
-
-def apply_all(state: ClusterState, events: Iterable[ClusterEvent]) -> ClusterState:
-    for event in events:
-        state = apply(state, event)
-    return state
-
-
-def stale_nodes(state: ClusterState, now: float, timeout: float) -> tuple[str, ...]:
-    """Online nodes not heard from for longer than ``timeout``: the shell sends `NodeLost`."""
-    return tuple(n.node_id for n in state.nodes if n.online and now - n.last_seen > timeout)
 
 
 # Helpers. Every new model is built through the constructor so validators run.

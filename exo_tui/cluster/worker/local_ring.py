@@ -36,12 +36,10 @@ from typing import IO
 from pydantic import ValidationError
 
 from engine.blas import machine_cores
-from engine.errors import EngineError, RequestError
+from engine.errors import RequestError
 from engine.generate import CancelToken
 from engine.parallel import (
     ShardError,
-    ShardSpec,
-    Strategy,
     check_shard_spec,
     check_shard_specs,
     even_layer_counts,
@@ -56,9 +54,13 @@ from engine.types import (
     Frozen,
     LoadProgress,
     ModelCard,
+    ShardSpec,
     Stats,
+    Strategy,
     Usage,
 )
+from exo_tui.cluster.errors import RingError
+from exo_tui.cluster.worker.failures import lost_a_peer
 from exo_tui.cluster.worker.runner_messages import (
     CancelCommand,
     ChatCommand,
@@ -83,10 +85,6 @@ from exo_tui.cluster.worker.runner_messages import (
 # is named first, the ranks that only lost it after.
 GATHER_S = 0.5
 POLL_S = 0.05
-
-
-class RingError(EngineError):
-    """A rank of the ring failed; every rank has been stopped."""
 
 
 class _Ring(Exception):
@@ -165,7 +163,7 @@ class LocalRing:
     other ranks run elsewhere, and chat() then yields chunks only if rank 0 is here.
 
     start_timeout: a runner's first message (Python and MLX imports); silence_timeout: then
-    the longest a rank may say nothing (it heartbeats every 0.5 s); join_timeout: the ring's
+    the longest a rank may say nothing (it heartbeats all along); join_timeout: the ring's
     start-up, after which a runner still waiting for a peer exits.
     """
 
@@ -368,7 +366,7 @@ class LocalRing:
             # A ring of one runs alone: MLX's ring backend cannot connect a rank to itself.
             env.update(MLX_HOSTFILE=str(hostfile))
         # The ranks share this machine's cores: BLAS threads of every rank on every core
-        # oversubscribe it (pipeline decode ran at 6 tok/s instead of 14 on 2 cores).
+        # oversubscribe it, and each rank's decode then waits on the others' threads.
         env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, machine_cores() // self.world_size)))
         return self._popen(rank, [sys.executable, "-m", "exo_tui.cluster.worker.runner"], env)
 
@@ -536,7 +534,7 @@ class LocalRing:
                 problems.append(problem)
         self._kill_all()
         # The rank that went away first, the ranks that only lost it after.
-        lost = [p for p in problems if "peer was lost" in p or "Socket" in p]
+        lost = [p for p in problems if lost_a_peer(p)]
         message = "; ".join([p for p in problems if p not in lost] + lost)
         self._failure = f"The ring of {self.world_size} ranks stopped: {message}"
         raise _Ring(self._failure)

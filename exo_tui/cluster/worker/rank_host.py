@@ -29,7 +29,8 @@ from engine.errors import EngineError
 from engine.models import find_models
 from engine.types import Chunk, ModelCard
 from exo_tui.cluster.control.state import HostedRunner
-from exo_tui.cluster.wire.protocol import (
+from exo_tui.cluster.errors import RingError
+from exo_tui.cluster.wire.frames import (
     CancelChat,
     ChatFinished,
     ChatFrame,
@@ -50,7 +51,7 @@ from exo_tui.cluster.wire.protocol import (
     SendFrame,
     StopInstance,
 )
-from exo_tui.cluster.worker.local_ring import LocalRing, RingError, failure_chunks, free_ports
+from exo_tui.cluster.worker.local_ring import LocalRing, failure_chunks, free_ports
 from exo_tui.hub.downloads import DownloadError, download
 
 log = logging.getLogger(__name__)
@@ -109,10 +110,6 @@ class RankHost:
         self._send = send
         self._tasks = tasks
         self._hosted: dict[str, _Hosted] = {}
-
-    @property
-    def instances(self) -> tuple[str, ...]:
-        return tuple(self._hosted)
 
     def runners(self) -> tuple[HostedRunner, ...]:
         """What this node runs for each instance, for its stats."""

@@ -15,8 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, TypeAdapter
 
-from engine.parallel import ShardSpec
-from engine.types import ChatRequest, Chunk, Frozen, LoadProgress
+from engine.types import ChatRequest, Chunk, Frozen, LoadProgress, ShardSpec
 
 # ---------------------------------------------------------------------- parent -> runner
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import anyio
 
-from exo_tui.cluster.descriptors import soft_file_limit
+from exo_tui.cluster.listening.file_limit import soft_file_limit
 
 PER_ADDRESS = 16
 TOTAL = 256

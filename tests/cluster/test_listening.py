@@ -15,8 +15,8 @@ import anyio
 import anyio.abc
 import pytest
 
-from exo_tui.cluster import accepting
-from exo_tui.cluster.admission import Admission
+from exo_tui.cluster.listening import accept_loop
+from exo_tui.cluster.listening.admission import Admission
 
 pytestmark = pytest.mark.anyio
 
@@ -43,7 +43,7 @@ async def wait_for(predicate: object, timeout: float = 10.0) -> None:
 async def test_running_out_of_descriptors_pauses_accepting_but_never_ends_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger=accepting.__name__)
+    caplog.set_level(logging.WARNING, logger=accept_loop.__name__)
     accepted: list[anyio.abc.SocketStream] = []
 
     async def hold(stream: anyio.abc.SocketStream) -> None:
@@ -55,7 +55,7 @@ async def test_running_out_of_descriptors_pauses_accepting_but_never_ends_it(
     clients = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(8)]
     try:
         async with listener, anyio.create_task_group() as tasks:
-            tasks.start_soon(accepting.serve, listener, hold)
+            tasks.start_soon(accept_loop.serve, listener, hold)
             with descriptors_left(2):
                 for client in clients:  # the kernel queues them; accepting each needs a descriptor
                     client.connect(("127.0.0.1", port))
@@ -85,7 +85,7 @@ async def test_a_connection_whose_handler_fails_is_closed_and_the_next_one_serve
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     async with listener, anyio.create_task_group() as tasks:
-        tasks.start_soon(accepting.serve, listener, handle)
+        tasks.start_soon(accept_loop.serve, listener, handle)
         async with await anyio.connect_tcp("127.0.0.1", port) as first:
             with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError)):
                 await first.receive()  # closed by the node

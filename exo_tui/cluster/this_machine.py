@@ -22,7 +22,7 @@ def local_backend() -> Backend:
 
 
 def local_node_id() -> str:
-    # Persistent, unique node ids come with the cluster (issue 6); one node needs only its name.
+    # Persistent, unique node ids belong to a node of a cluster; a lone node needs only its name.
     return f"local-{socket.gethostname()}"
 
 
