@@ -1,9 +1,9 @@
-"""The Textual app: the node's lifecycle, model finding, the picker, downloads, launch and load.
+"""The Textual app: the node's lifecycle, the cluster state, the keymap and the runtime tuning.
 
-The app renders state and turns keys into commands. Cluster state changes only through the pure
-reducer (`exo_tui.cluster.control.state.apply`); the user's choices are in `Selection`, the chat
-in `Conversation`. Loading runs in thread workers and comes back as messages. Quitting stops the
-MLX work and waits for it, then checkpoints the store.
+The app turns keys into commands. Cluster state changes only through the pure reducer
+(`exo_tui.cluster.control.state.apply`); the user's choices are in `Selection`, the chat in
+`Conversation`, the panels and the work they start (models, downloads, launch, load) in
+`MainScreen`. Quitting stops the MLX work and waits for it, then checkpoints the store.
 """
 
 from __future__ import annotations
@@ -16,20 +16,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from rich.text import Text
-from textual import on, work
+from textual import on
 from textual.app import App, SystemCommand
 from textual.binding import BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.timer import Timer
-from textual.worker import Worker, WorkerState, get_current_worker
+from textual.worker import Worker, WorkerState
 
-from engine.errors import EngineError
 from engine.generate import wait_for_streams
-from engine.loading import LoadedModel, run_loading
-from engine.models import require_weight_files
-from engine.types import LoadProgress, ModelCard
 from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
 from exo_tui.app.conversation import Conversation
@@ -37,24 +31,16 @@ from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.failures import cluster_failure
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keymap import KeymapError, load_keymap
-from exo_tui.app.messages import ClusterChanged, HistorySaved, ModelLoaded, TurnEnded
+from exo_tui.app.messages import ClusterChanged, HistorySaved, TurnEnded
 from exo_tui.app.pacing import thread_cpu_clock
 from exo_tui.app.screens.chats import ChatsScreen, write_export
-from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
 from exo_tui.app.screens.help import HelpScreen
 from exo_tui.app.screens.main import MainScreen
-from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.screens.nodes import Cancelled as NODES_CANCELLED
 from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.selection import Selection
 from exo_tui.app.widgets.chat import AnswerView, PromptInput
-from exo_tui.app.widgets.download import DownloadPanel
-from exo_tui.app.widgets.launch import LaunchPanel
-from exo_tui.app.widgets.nodes import NodesPanel
-from exo_tui.chat.backend import ClusterBackend, LocalBackend
 from exo_tui.chat.tools import builtin_registry
-from exo_tui.cluster.control.coordinator import ClusterError, Fetches, plan_fetches
-from exo_tui.cluster.control.placement import Placement, Strategy
 from exo_tui.cluster.control.state import (
     ClusterEvent,
     ClusterState,
@@ -63,11 +49,6 @@ from exo_tui.cluster.control.state import (
     GenerationFinished,
     GenerationStarted,
     InstanceCleared,
-    InstancePlaced,
-    LoadFailed,
-    LoadFinished,
-    LoadProgressed,
-    LoadStarted,
     NodeSeen,
     NodeStats,
     StatsUpdated,
@@ -76,7 +57,7 @@ from exo_tui.cluster.control.state import (
 )
 from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_stats
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
-from exo_tui.hub.catalogue import CatalogueEntry, entry_card, load_catalogue
+from exo_tui.hub.catalogue import CatalogueEntry, load_catalogue
 from exo_tui.rate import NoticeRate
 from exo_tui.store.chats import ChatStoreError, ChatSummary, render_markdown
 from exo_tui.store.paths import config_dir, data_dir
@@ -91,10 +72,6 @@ REFUSED_REMEMBERED = 1024  # addresses already said in a notice
 SAVE_RETRY_S = 5.0  # how often turns the store refused are tried again
 # How long quitting waits for MLX work to stop (it stops within one step) and a history write.
 QUIT_WAIT_S = 60.0
-
-
-class _LoadCancelled(Exception):
-    """The user stopped a load between two layers."""
 
 
 class ExoTuiApp(App[None]):
@@ -115,32 +92,28 @@ class ExoTuiApp(App[None]):
     ) -> None:
         """`catalogue`: the models the picker offers to download (default: the packaged one)."""
         super().__init__()
-        self._catalogue = tuple(catalogue) if catalogue is not None else load_catalogue()
         self._cluster = cluster
         self._refused: set[str] = set()  # addresses refused so far
         self._refusal_notices = NoticeRate(REFUSAL_NOTICE_EVERY_S)
         self._node: Node | None = None
         self._bundled = bundled
         self._node_stats = node_stats
-        self._preselect = model
-        self._load_at_start = load
         self._models_dirs = models_dirs
         self._chat_db = chat_db
         self.state = ClusterState()
         self.selection = Selection()
-        self.cards: list[ModelCard] = []
         self._in_flight = WorkInFlight()
         self._switch_interval = sys.getswitchinterval()  # put back when the app ends
         self._screen_cpu: Callable[[], float] | None = None  # paces streamed text (on mount)
-        self._load_started: float | None = None
-        self._load_clock: Timer | None = None
         tools = builtin_registry(lambda: cluster_summary(self.state, self._model_name()))
         self.conversation = Conversation(self, tools, self._in_flight, lambda: self._screen_cpu)
+        offered = tuple(catalogue) if catalogue is not None else load_catalogue()
+        self.main = MainScreen(self, models_dirs, bundled, offered, model, load)
 
     # Layout
 
     def get_default_screen(self) -> Screen[None]:
-        return MainScreen(id="_default")
+        return self.main
 
     def on_mount(self) -> None:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -151,12 +124,12 @@ class ExoTuiApp(App[None]):
     def _start(self) -> None:
         """The panels are there: this node shows itself, finds its models, joins the cluster."""
         self.dispatch(NodeSeen(stats=self._node_stats(()), at=time.time()))
-        self.set_interval(1.0, self._refresh_local_stats)
+        self.set_interval(1.0, self.refresh_local_stats)
         notice = self.conversation.open_store(self._chat_db)
         if notice:
             self.notify(notice, severity="warning", timeout=15)
         self.set_interval(SAVE_RETRY_S, self.conversation.save_waiting)
-        self._find_models()
+        self.main.find_models()
         if self._cluster is not None:
             # A small model is best on this node alone; F2 chooses others to place across.
             self.choose_nodes((self.local_id,))
@@ -169,15 +142,15 @@ class ExoTuiApp(App[None]):
         node = self._node = Node(
             setup.identity,
             setup.key,
-            stats=lambda: self._node_stats(tuple(c.name for c in self.cards)).model_copy(
-                update={"cards": tuple(self.cards)}
+            stats=lambda: self._node_stats(tuple(c.name for c in self.main.cards)).model_copy(
+                update={"cards": tuple(self.main.cards)}
             ),
             on_event=self.dispatch,
             options=setup.options,
             on_foreign=self._foreign,
             models_dirs=self._models_dirs,
             include_bundled=self._bundled,
-            on_store_changed=self._store_changed,
+            on_store_changed=self.main.rescan_models,
         )
         try:
             await node.run()
@@ -259,39 +232,21 @@ class ExoTuiApp(App[None]):
         """Place the selection again and redraw the panels."""
         self.selection.refresh(self.state)
         try:
-            self.query_one(NodesPanel).show(self.state)
-            self._show_launch()
+            self.main.show(self.state)
         except NoMatches:  # shutting down: a timer's event after the widgets went
             return
 
-    def _show_launch(self) -> None:
-        names = {n.node_id: n.name for n in self.state.nodes}
-        panel = self.query_one(LaunchPanel)
-        selection = self.selection
-        panel.show(selection.card, selection.strategy, selection.placement, names)
-        panel.set_status(self._status_text())
-
-    def _status_text(self) -> Text:
-        status = self.state.instance_status
-        if status is None:
-            hint = "Ctrl+L launches" if isinstance(self.selection.placement, Placement) else ""
-            return Text(hint, style="dim")
-        if status == "loading":
-            started = self._load_started
-            elapsed = "" if started is None else f" {time.monotonic() - started:.1f} s"
-            fetching = any(n.runner.state == "downloading" for n in self.state.nodes)
-            doing = "downloading" if fetching else "loading"
-            return Text(f"{doing}…{elapsed} (Esc cancels)")
-        if status == "failed" and self.state.instance is not None:
-            reason = self.state.instance.failed_reason or "a node failed"
-            return Text(f"failed: {reason}. Ctrl+L places and launches again.", style="red")
-        if status in ("ready", "generating"):
-            return Text(f"{status} · Ctrl+U unloads", style="green")
-        return Text(status)
-
-    def _refresh_local_stats(self) -> None:
-        models = tuple(c.name for c in self.cards)
+    def refresh_local_stats(self) -> None:
+        models = tuple(c.name for c in self.main.cards)
         self.dispatch(StatsUpdated(stats=self._node_stats(models), at=time.time()))
+
+    @property
+    def node(self) -> Node | None:
+        return self._node
+
+    @property
+    def in_flight(self) -> WorkInFlight:
+        return self._in_flight
 
     @property
     def local_id(self) -> str:
@@ -301,264 +256,26 @@ class ExoTuiApp(App[None]):
         backend = self.conversation.backend
         return backend.card.name if backend is not None else None
 
-    # Models
-
-    @work(thread=True, exclusive=True, group="models")
-    def _find_models(self) -> None:
-        from engine.models import find_models
-
-        cards = find_models(self._models_dirs, include_bundled=self._bundled)
-        self.call_from_thread(self._models_found, cards)
-
-    def _store_changed(self) -> None:
-        """A peer had this node download its share of a model (runs in a worker thread)."""
-        from engine.models import find_models
-
-        cards = find_models(self._models_dirs, include_bundled=self._bundled)
-        self.call_from_thread(self._store_rescanned, cards)
-
-    def _store_rescanned(self, cards: list[ModelCard]) -> None:
-        self.cards = cards
-        self._refresh_local_stats()
-
-    def _models_found(self, cards: list[ModelCard]) -> None:
-        self.cards = cards
-        self._refresh_local_stats()
-        if not cards:
-            self.notify(
-                "No models found. Put an mlx-lm model folder in the models folder, pass "
-                "--models-dir DIR, or download one from Hugging Face (mlx-community).",
-                severity="warning",
-                timeout=10,
-            )
-        wanted = self._preselect
-        chosen = next((c for c in cards if wanted in (c.name, c.path)), None) if wanted else None
-        if chosen is None and wanted:
-            self._choose_path(wanted)
-        elif chosen is not None or cards:
-            self.choose_model(chosen or cards[0])
-        if self._load_at_start:
-            self._load_at_start = False  # models are found again after each download
-            self.action_launch()
-
-    def _choose_path(self, spec: str) -> None:
-        from engine.models import resolve_model
-
-        try:
-            self.choose_model(resolve_model(spec, self._models_dirs))
-        except EngineError as error:
-            self.notify(str(error), severity="error", timeout=10)
-
-    def choose_model(self, card: ModelCard) -> None:
-        self.selection.choose_model(card)
-        self.show_state()
-
-    def _fit(self, card: ModelCard) -> tuple[bool, str]:
-        return self.selection.fit(self.state, card)
-
-    def _picker_entries(self) -> list[PickerEntry]:
-        """Models on disk, then the catalogue's models that are not."""
-        entries = [PickerEntry(card, *self._fit(card)) for card in self.cards]
-        on_disk = {card.name.lower() for card in self.cards}
-        for entry in self._catalogue:
-            if entry.repo.lower() not in on_disk:
-                card = entry_card(entry)
-                entries.append(PickerEntry(card, *self._fit(card), catalogue=entry))
-        return entries
+    # Models, strategy, launch: the screen does them, the keys come here
 
     def action_pick_model(self) -> None:
-        def chosen(entry: PickerEntry | None) -> None:
-            if entry is None:
-                return
-            if entry.catalogue is None:
-                self.choose_model(entry.card)
-            else:
-                self._offer_download(entry.catalogue, entry.fits, entry.fit_note)
-
-        card = self.selection.card
-        current = card.name if card else None
-        self.push_screen(ModelPicker(self._picker_entries(), current), chosen)
-
-    # Downloads
-
-    def _offer_download(self, entry: CatalogueEntry, fits: bool, fit_note: str) -> None:
-        panel = self.query_one(DownloadPanel)
-        if panel.active:
-            self.notify(f"{panel.repo_id} is downloading; Esc cancels it.", severity="warning")
-            return
-
-        def confirmed(choice: Choice) -> None:
-            if choice == "here":
-                panel.start(entry.repo)
-            elif choice == "shares":
-                self.choose_model(entry_card(entry))
-                self.notify(f"{entry.repo} chosen: Ctrl+L downloads each node's share and loads.")
-
-        nodes = len(self.selection.candidates(self.state))
-        self.push_screen(DownloadConfirm(entry, fits, fit_note, nodes), confirmed)
-
-    @on(DownloadPanel.Finished)
-    def _downloaded(self, message: DownloadPanel.Finished) -> None:
-        self.notify(f"{message.repo_id} is downloaded; loading it.")
-        self._preselect = message.repo_id  # chosen once the models are found again
-        self._load_at_start = True  # and launched: the user asked for this model
-        self._find_models()
-
-    @on(DownloadPanel.Failed)
-    def _download_failed(self, message: DownloadPanel.Failed) -> None:
-        severity = "warning" if message.cancelled else "error"
-        self.notify(message.error, severity=severity, timeout=10)
+        self.main.pick_model()
 
     def action_toggle_strategy(self) -> None:
-        self._set_strategy("tensor" if self.selection.strategy == "pipeline" else "pipeline")
-
-    @on(LaunchPanel.StrategyChosen)
-    def _strategy_chosen(self, event: LaunchPanel.StrategyChosen) -> None:
-        self._set_strategy(event.strategy)
-
-    def _set_strategy(self, strategy: Strategy) -> None:
-        card = self.selection.card
-        if strategy == "tensor" and card is not None and not card.supports_tensor:
-            self.notify(f"Tensor sharding is unavailable: {card.tensor_unsupported_reason}")
-            strategy = "pipeline"
-        self.selection.strategy = strategy
-        self.show_state()
-
-    # Launch and unload
+        self.main.set_strategy("tensor" if self.selection.strategy == "pipeline" else "pipeline")
 
     def action_launch(self) -> None:
-        card = self.selection.card
-        if card is None:
-            self.notify("Pick a model first (Ctrl+O).", severity="warning")
-            return
-        if self.state.instance_status in ("loading", "ready", "generating"):
-            self.notify("A model is loaded or loading; Ctrl+U unloads it first.")
-            return
-        if self.state.instance is not None:  # failed: place again on the nodes that are left
-            self.dispatch(InstanceCleared())
-        placement = self.selection.placement
-        if not isinstance(placement, Placement):
-            message = placement.message if placement else "nothing to place"
-            self.notify(f"Cannot launch: {message}", severity="error", timeout=8)
-            return
-        across = placement.world_size > 1 or placement.node_ids != (self.local_id,)
-        if across and self._node is None:
-            self.notify("Placing on other nodes needs the cluster: start without --no-cluster.")
-            return
-        fetches: Fetches = {}
-        if across:
-            try:
-                nodes = [n.stats for n in self.state.nodes]
-                fetches = plan_fetches(placement, card, nodes)
-            except ClusterError as error:
-                self.notify(f"Cannot launch: {error}", severity="error", timeout=10)
-                return
-        elif not self._on_disk(card):
-            entry = self._catalogue_entry(card.name)
-            if entry is None:
-                self.notify(cannot_load_alone(card), severity="error", timeout=10)
-            else:
-                self._offer_download(entry, *self._fit(card))
-            return
-        self.dispatch(InstancePlaced(placement=placement))
-        self._load_started = time.monotonic()
-        if self._load_clock is not None:
-            self._load_clock.stop()
-        self._load_clock = self.set_interval(0.2, self._tick_loading, name="load-clock")
-        if across:
-            self._launch_on_cluster(placement, card, fetches)
-        else:
-            self._load(card)
-
-    def _on_disk(self, card: ModelCard) -> bool:
-        """Whether this machine holds all of `card`'s files (a catalogue card's path is where
-        its download would go)."""
-        return card.layers_on_disk is None and (Path(card.path) / "config.json").is_file()
-
-    def _catalogue_entry(self, repo: str) -> CatalogueEntry | None:
-        return next((e for e in self._catalogue if e.repo.lower() == repo.lower()), None)
-
-    @work(exclusive=True, group="load")
-    async def _launch_on_cluster(
-        self, placement: Placement, card: ModelCard, fetches: Fetches
-    ) -> None:
-        """Every node of the placement fetches its share of the files if it lacks them, then
-        loads its ranks; their bars fill from their progress."""
-        assert self._node is not None
-        coordinator = self._node.coordinator
-        try:
-            await coordinator.launch(placement, card, fetches=fetches)
-        except ClusterError as error:
-            self.notify(f"Launch failed: {error}", severity="error", timeout=10)
-            return
-        self.conversation.backend = ClusterBackend(coordinator, card, asyncio.get_running_loop())
-        self.notify(f"{card.name} is ready on {placement.world_size} nodes. Ask away.")
-
-    def _tick_loading(self) -> None:
-        """The elapsed time while loading; the clock stops with the load."""
-        if self.state.instance_status == "loading":
-            self.query_one(LaunchPanel).set_status(self._status_text())
-        elif self._load_clock is not None:
-            self._load_clock.stop()
-            self._load_clock = None
-
-    @work(thread=True, exclusive=True, group="load")
-    def _load(self, card: ModelCard) -> None:
-        worker = get_current_worker()
-        with self._in_flight.running() as allowed:
-            if allowed:
-                ENGINE_THREAD.run(lambda: self._load_layers(card, worker))
-
-    def _load_layers(self, card: ModelCard, worker: Worker[None]) -> None:
-        from engine.loading import load_model
-
-        node = self.local_id
-        post = self.post_message
-
-        def progressed(progress: LoadProgress) -> None:
-            if worker.is_cancelled:
-                raise _LoadCancelled
-            layers = progress.layers_loaded
-            post(ClusterChanged(LoadProgressed(node_id=node, layers_loaded=layers,
-                                               total=progress.total)))  # fmt: skip
-
-        try:
-            loading = load_model(Path(card.path))
-            post(ClusterChanged(LoadStarted(node_id=node, model=card.name, total=card.num_layers)))
-            loaded: LoadedModel = run_loading(loading, progressed)
-            # Read by path, a model in the hub cache is named after its snapshot folder (a
-            # commit id); the chosen card has the name the user picked.
-            loaded.card = card
-        except _LoadCancelled:
-            post(ClusterChanged(Unloaded(node_id=node)))
-            post(ClusterChanged(InstanceCleared()))
-            return
-        except EngineError as error:
-            post(ClusterChanged(LoadFailed(node_id=node, reason=str(error))))
-            return
-        except Exception as error:  # a crash in MLX must not take the app down
-            post(
-                ClusterChanged(LoadFailed(node_id=node, reason=f"{type(error).__name__}: {error}"))
-            )
-            return
-        post(ModelLoaded(loaded))
-        post(ClusterChanged(LoadFinished(node_id=node, model=card.name, total=card.num_layers)))
+        self.main.launch()
 
     @on(ClusterChanged)
     def _cluster_changed(self, message: ClusterChanged) -> None:
         self.dispatch(message.event)
 
-    @on(ModelLoaded)
-    def _model_loaded(self, message: ModelLoaded) -> None:
-        self.conversation.backend = LocalBackend(message.loaded)
-        garbage.freeze()
-        self.notify(f"{message.loaded.card.name} is ready. Ask away.")
-
     def action_unload(self) -> None:
         if self.conversation.generating:
             self.notify("Stop the answer first (Esc).")
             return
-        self.workers.cancel_group(self, "load")
+        self.main.cancel_load()
         across = self._node is not None and self._node.coordinator.instance is not None
         backend, self.conversation.backend = self.conversation.backend, None
         if backend is not None:
@@ -577,9 +294,9 @@ class ExoTuiApp(App[None]):
         if self.conversation.generating:
             self.conversation.stop()
         elif self.state.instance_status == "loading":
-            self.workers.cancel_group(self, "load")
+            self.main.cancel_load()
         else:
-            self.query_one(DownloadPanel).cancel()
+            self.main.cancel_download()
 
     # Chat
 
@@ -613,7 +330,7 @@ class ExoTuiApp(App[None]):
         self.conversation.history_saved(message.problem)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        if event.state == WorkerState.ERROR and event.worker.group in ("chat", "load"):
+        if event.state == WorkerState.ERROR and event.worker.group == "chat":
             self.conversation.set_generating(False)
             self.notify(f"{event.worker.name} failed: {event.worker.error}", severity="error")
 
@@ -666,7 +383,7 @@ class ExoTuiApp(App[None]):
         sys.setswitchinterval(self._switch_interval)
         # Quitting mid-answer, mid-prefill or mid-load: each stops at its next step.
         self.conversation.stop_all()
-        self.workers.cancel_group(self, "load")
+        self.main.cancel_load()
         # The ranks this node runs for an instance stop with the app (the node's own shutdown
         # runs in a worker that may not get to finish).
         if self._node is not None and self._node.host is not None:
@@ -723,16 +440,3 @@ def run_app(
             file=sys.stderr,
         )
     return 0
-
-
-def cannot_load_alone(card: ModelCard) -> str:
-    """Why `card` cannot load on this node alone: by name, the files its folder lacks."""
-    alone = f"Cannot load {card.name} on this node alone ({card.partial_note or 'nothing on disk'})"
-    try:
-        require_weight_files(Path(card.path), name=card.name)
-    except EngineError as error:
-        return f"{alone}: {error}. F2 places it across the nodes that hold the rest."
-    return (
-        f"{alone}. Place it across the nodes that hold the rest (F2), or download it: "
-        "exo-tui models download"
-    )

@@ -71,7 +71,7 @@ async def _model_chosen(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await wait_until(pilot, lambda: app.selection.card is not None)
     # The node's card counts the models found; wait until it has been redrawn with them.
     text = app.query_one(NodeCard).query_one("#node-text", Static)
-    await wait_until(pilot, lambda: f"{len(app.cards)} model" in str(text.render()))
+    await wait_until(pilot, lambda: f"{len(app.main.cards)} model" in str(text.render()))
 
 
 async def empty(app: ExoTuiApp, pilot: Pilot[None]) -> None:

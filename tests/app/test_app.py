@@ -65,7 +65,7 @@ async def test_start_shows_the_node_and_a_placement_preview(models_dir: Path) ->
         def node_text() -> str:
             return str(card.query_one("#node-text", Static).render())
 
-        await wait_until(pilot, lambda: f"{len(app.cards)} model" in node_text())
+        await wait_until(pilot, lambda: f"{len(app.main.cards)} model" in node_text())
         assert "studio" in node_text() and "cpu" in node_text() and "openblas" in node_text()
         assert "4.0 GB / 16.0 GB" in node_text()  # used / total, from the node's stats
         preview = text_of(app, "#placement")
@@ -181,7 +181,7 @@ async def test_picker_filters_and_chooses(models_dir: Path, tiny_model_factory) 
     shutil.copytree(tiny_model_factory("qwen3"), models_dir / "tiny-qwen3")
     app = make_app(models_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: len(app.cards) == 2)
+        await wait_until(pilot, lambda: len(app.main.cards) == 2)
         await pilot.press("ctrl+o")
         await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker))
         await pilot.press(*"qwen")
@@ -204,7 +204,7 @@ async def test_strategy_toggle_and_unsupported_tensor(models_dir: Path) -> None:
         no_tensor = app.selection.card.model_copy(
             update={"supports_tensor": False, "tensor_unsupported_reason": "no shard() here"}
         )
-        app.choose_model(no_tensor)
+        app.main.choose_model(no_tensor)
         await pilot.pause()
         assert app.selection.strategy == "pipeline"
         assert app.query_one("#strategy-tensor").disabled
@@ -217,7 +217,7 @@ async def test_a_model_that_does_not_fit_is_refused(models_dir: Path) -> None:
         await wait_until(pilot, lambda: app.selection.card is not None)
         assert app.selection.card is not None
         huge = app.selection.card.model_copy(update={"bytes_on_disk": 40 * GB})
-        app.choose_model(huge)
+        app.main.choose_model(huge)
         await pilot.pause()
         preview = text_of(app, "#placement")
         assert "short by" in preview and "studio" in preview
