@@ -78,6 +78,9 @@ class LocalBackend:
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         with self._lock:  # after any next-turn prefill has stopped
+            # Prefills asked for from here on are for the turn after this one; those asked for
+            # before it were stopped, even the ones still waiting for the model's thread.
+            self._prefill_cancel = threading.Event()
             yield from generate(self.loaded, request, cancel)
 
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
@@ -88,7 +91,6 @@ class LocalBackend:
 
     def stop_prefill(self) -> None:
         self._prefill_cancel.set()
-        self._prefill_cancel = threading.Event()
 
     def forget_history(self) -> None:
         self.loaded.prompt_cache.clear()

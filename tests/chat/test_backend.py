@@ -1,16 +1,19 @@
-"""The cluster backend: chunks from a coordinator on its event loop, in the caller's thread."""
+"""The backends: a local model's prefills stop with a turn; a cluster's chunks (and errors) come
+from a coordinator on its event loop to the caller's thread."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 
-from engine.generate import CancelToken
+from engine.generate import CancelToken, next_turn_prefix
+from engine.loading import load_model_sync
 from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message, TextChunk
-from exo_tui.chat.backend import ClusterBackend
+from exo_tui.chat.backend import ClusterBackend, LocalBackend
 from exo_tui.chat.tools import ToolRegistry
 from exo_tui.chat.turn import chat_turn
 from exo_tui.cluster.control.coordinator import ClusterError
@@ -70,3 +73,21 @@ def test_unload_stops_the_instance(loop: asyncio.AbstractEventLoop) -> None:
     ClusterBackend(coordinator, entry_card(load_catalogue()[0]), loop).unload()
     asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), loop).result(5)
     assert coordinator.stopped
+
+
+def test_a_prefill_asked_for_before_a_turn_is_stopped_with_it(tiny_llama: Path) -> None:
+    backend = LocalBackend(load_model_sync(tiny_llama))
+    loaded = backend.loaded
+    history = ChatRequest(messages=(Message(role="system", content="Answer briefly."),))
+    prefix = next_turn_prefix(loaded, history, "hello")
+    backend.stop_prefill()  # the message was sent while its draft's prefill waited
+    backend.prefill_next(history, "hello")
+    assert loaded.prompt_cache.reusable(prefix) == 0
+    asked = history.model_copy(
+        update={"messages": (*history.messages, Message(role="user", content="hello"))}
+    )
+    done = list(backend.generate(asked.model_copy(update={"max_tokens": 2}), None))[-1]
+    assert isinstance(done, DoneChunk)
+    # After the answer, prefills are for the next turn again.
+    backend.prefill_next(history, "hello")
+    assert loaded.prompt_cache.reusable(prefix) == len(prefix) - 1
