@@ -27,7 +27,7 @@ import engine  # noqa: E402,F401  (fast BLAS before MLX)
 from engine.generate import generate  # noqa: E402
 from engine.loading import LoadedModel, load_model_sync  # noqa: E402
 from engine.types import ChatRequest, DoneChunk, Message  # noqa: E402
-from exo_tui.app.main import SYSTEM_PROMPT  # noqa: E402
+from exo_tui.app.conversation import SYSTEM_PROMPT  # noqa: E402
 
 PROMPT = "Tell me everything about the machines in this cluster."
 
@@ -86,16 +86,17 @@ async def through_app(
 
     from exo_tui.app.main import ExoTuiApp
     from exo_tui.app.widgets.chat import PromptInput, StatsLine
+    from exo_tui.chat.backend import LocalBackend
     from exo_tui.chat.tools import ToolRegistry
     from tests.app.helpers import fixed_stats
 
     StatsLine.on_mount = _note_done_shown  # type: ignore[attr-defined]
     # Its chats go to the run's own folder, not the user's chat store.
     app = ExoTuiApp(model=str(model), node_stats=fixed_stats(), bundled=False, chat_db=chat_db)
-    app.tools = ToolRegistry([])  # no tools: the same prompt as the headless run
-    app.max_tokens = tokens
+    app.conversation.tools = ToolRegistry([])  # no tools: the same prompt as the headless run
+    app.conversation.max_tokens = tokens
     async with app.run_test(size=(120, 40)) as pilot:
-        app.loaded = loaded
+        app.conversation.backend = LocalBackend(loaded)
         loaded.prompt_cache.clear()
         prompt = app.query_one(PromptInput)
         prompt.text = PROMPT

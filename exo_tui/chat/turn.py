@@ -7,11 +7,9 @@ the CLI prints them, the TUI draws them and the chat store keeps them, each in i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
-from functools import partial
+from collections.abc import Generator
 
-from engine.generate import CancelToken, generate
-from engine.loading import LoadedModel
+from engine.generate import CancelToken
 from engine.types import (
     ChatRequest,
     Chunk,
@@ -23,24 +21,22 @@ from engine.types import (
     ToolCallChunk,
     ToolResult,
 )
+from exo_tui.chat.backend import Backend
 from exo_tui.chat.tools import ToolRegistry
 
 MAX_TOOL_ROUNDS = 5
 
 TurnEvent = Chunk | ToolResult
-# What answers one request: engine.generate over a loaded model, or a ring's chat.
-GenerateFn = Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]
 
 
 def chat_turn(
-    model: LoadedModel | GenerateFn,
+    backend: Backend,
     request: ChatRequest,
     tools: ToolRegistry,
     cancel: CancelToken | None = None,
     max_tool_rounds: int = MAX_TOOL_ROUNDS,
 ) -> Generator[TurnEvent, None, list[Message]]:
     """Answer the last message of `request`, running tool calls; returns the new messages."""
-    answer_with: GenerateFn = partial(generate, model) if isinstance(model, LoadedModel) else model
     messages = list(request.messages)
     added: list[Message] = []
     for round_ in range(max_tool_rounds + 1):
@@ -48,7 +44,9 @@ def chat_turn(
         reasoning: list[str] = []
         calls: list[ToolCallChunk] = []
         finish = "stop"
-        for chunk in answer_with(request.model_copy(update={"messages": tuple(messages)}), cancel):
+        for chunk in backend.generate(
+            request.model_copy(update={"messages": tuple(messages)}), cancel
+        ):
             yield chunk
             match chunk:
                 case TextChunk():

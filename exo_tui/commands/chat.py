@@ -11,26 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineError, ModelNotFoundError
-from engine.types import (
-    ChatRequest,
-    Chunk,
-    DoneChunk,
-    ErrorChunk,
-    LoadProgress,
-    Message,
-    ModelCard,
-    ModelReady,
-    ReasoningChunk,
-    TextChunk,
-    ToolCallChunk,
-    ToolResult,
-)
+from engine.types import ChatRequest, Message, ModelCard, ModelReady
+from exo_tui.commands.printing import JsonLines, TextOutput, print_turn
 
 if TYPE_CHECKING:
-    from rich.progress import TaskID
-
     from exo_tui.chat.tools import ToolRegistry
-    from exo_tui.cluster.control.state import DownloadProgressed, NodeStats
+    from exo_tui.cluster.control.state import NodeStats
     from exo_tui.cluster.node import ClusterSetup
 
 
@@ -97,6 +83,7 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
     from engine.generate import validate
     from engine.loading import load_model, run_loading
     from engine.models import require_weight_files
+    from exo_tui.chat.backend import LocalBackend
     from exo_tui.chat.tools import builtin_registry, local_cluster_status
     from exo_tui.chat.turn import chat_turn
 
@@ -129,7 +116,7 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
             kernels=loaded.kernels,
         )
     )
-    return print_turn(chat_turn(loaded, request, registry), out)
+    return print_turn(chat_turn(LocalBackend(loaded), request, registry), out)
 
 
 def chat_card(spec: str, models_dirs: list[Path] | None) -> ModelCard:
@@ -168,6 +155,7 @@ def run_chat_on_ranks(
 ) -> int:
     """The same turn on `--ranks` local runner processes (an MLX ring on 127.0.0.1)."""
     from engine.loading import run_loading
+    from exo_tui.chat.backend import RingBackend
     from exo_tui.chat.turn import chat_turn
     from exo_tui.cluster.worker.local_ring import start_local_ranks
 
@@ -182,138 +170,8 @@ def run_chat_on_ranks(
                 kernels=ring.ready[0].kernels,
             )
         )
-        return print_turn(chat_turn(ring.chat, request, registry), out)
-
-
-def print_turn(turn: Iterator[Chunk | ToolResult], out: JsonLines | TextOutput) -> int:
-    for event in turn:
-        if isinstance(event, ToolResult):
-            out.tool_result(event)
-        else:
-            out.chunk(event)
-    return out.exit_code
-
-
-class JsonLines:
-    """One JSON object per event on stdout, flushed as it happens."""
-
-    exit_code = 0
-
-    def progress(self, event: LoadProgress) -> None:
-        self._write(event.model_dump_json())
-
-    def node_progress(self, node_id: str, name: str, layers_loaded: int, total: int) -> None:
-        line = {"type": "load", "node_id": node_id, "node": name,
-                "layers_loaded": layers_loaded, "total": total}  # fmt: skip
-        self._write(json.dumps(line))
-
-    def node_download(self, event: DownloadProgressed, name: str) -> None:
-        line = {"type": "download", "node": name, **event.model_dump(exclude={"type"})}
-        self._write(json.dumps(line))
-
-    def loaded(self, ready: ModelReady) -> None:
-        self._write(ready.model_dump_json())
-
-    def chunk(self, chunk: Chunk) -> None:
-        if isinstance(chunk, ErrorChunk):
-            self.exit_code = 1
-        self._write(chunk.model_dump_json())
-
-    def tool_result(self, result: ToolResult) -> None:
-        self._write(result.model_dump_json())
-
-    @staticmethod
-    def _write(line: str) -> None:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-
-
-class TextOutput:
-    """Loading as a Rich progress bar on stderr, the answer streamed as plain text on stdout."""
-
-    exit_code = 0
-
-    def __init__(self, card: ModelCard) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        self._console = Console(stderr=True)
-        self._bar = Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=self._console,
-            transient=True,
-        )
-        self._name = card.name
-        self._tasks: dict[int, TaskID] = {}
-        self._node_tasks: dict[str, TaskID] = {}
-        self._bar.start()
-        self._in_reasoning = False
-
-    def progress(self, event: LoadProgress) -> None:
-        if event.rank not in self._tasks:
-            label = f"loading {self._name}" + (f" (rank {event.rank})" if event.rank else "")
-            self._tasks[event.rank] = self._bar.add_task(label, total=event.total)
-        self._bar.update(self._tasks[event.rank], completed=event.layers_loaded, total=event.total)
-
-    def node_progress(self, node_id: str, name: str, layers_loaded: int, total: int) -> None:
-        if node_id not in self._node_tasks:
-            label = f"loading {self._name} on {name}"
-            self._node_tasks[node_id] = self._bar.add_task(label, total=total)
-        self._bar.update(self._node_tasks[node_id], completed=layers_loaded, total=total)
-
-    def node_download(self, event: DownloadProgressed, name: str) -> None:
-        key = f"download {event.node_id}"
-        if key not in self._node_tasks:
-            label = f"downloading {self._name} on {name} (MB)"
-            self._node_tasks[key] = self._bar.add_task(label, total=event.bytes_total / 1e6)
-        self._bar.update(
-            self._node_tasks[key], completed=event.bytes_done / 1e6, total=event.bytes_total / 1e6
-        )
-
-    def loaded(self, ready: ModelReady) -> None:
-        self._bar.stop()
-        self._console.print(
-            f"[dim]{ready.model} loaded in {ready.load_seconds:.1f} s, BLAS: {ready.blas}, "
-            f"cpu kernels: {ready.kernels}[/dim]"
-        )
-
-    def chunk(self, chunk: Chunk) -> None:
-        match chunk:
-            case TextChunk(text=text):
-                self._end_reasoning()
-                sys.stdout.write(text)
-                sys.stdout.flush()
-            case ReasoningChunk(text=text):
-                if not self._in_reasoning:
-                    self._in_reasoning = True
-                    self._console.print("[dim]thinking…[/dim]")
-                self._console.print(text, end="", style="dim", markup=False, highlight=False)
-            case ToolCallChunk(name=name, arguments=arguments):
-                self._end_reasoning()
-                self._console.print(f"\n[bold]tool call[/bold] {name}({json.dumps(arguments)})")
-            case ErrorChunk(message=message):
-                self.exit_code = 1
-                self._console.print(f"\n[red]error:[/red] {message}", markup=True)
-            case DoneChunk(usage=usage, stats=stats, finish_reason=reason):
-                sys.stdout.write("\n")
-                self._console.print(
-                    f"[dim]{usage.prompt_tokens} prompt ({usage.cached_tokens} cached) + "
-                    f"{usage.completion_tokens} tokens, TTFT {stats.ttft_s * 1000:.0f} ms, "
-                    f"prefill {stats.prefill_tps:.1f} tok/s, decode {stats.decode_tps:.1f} tok/s, "
-                    f"{reason}[/dim]"
-                )
-
-    def tool_result(self, result: ToolResult) -> None:
-        style = "green" if result.ok else "red"
-        self._console.print(f"[{style}]→[/{style}] {result.content}", highlight=False)
-
-    def _end_reasoning(self) -> None:
-        if self._in_reasoning:
-            self._in_reasoning = False
-            self._console.print()
+        backend = RingBackend(card, ring.chat, ring.close)
+        return print_turn(chat_turn(backend, request, registry), out)
 
 
 def _card_lines(cards: list[ModelCard]) -> Iterator[str]:

@@ -7,18 +7,17 @@ the node they come from; the answer and tool calls are the same JSON Lines as a 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import anyio
-import anyio.from_thread
 import anyio.to_thread
 
 from engine.errors import EngineError
-from engine.generate import CancelToken
-from engine.types import ChatRequest, Chunk, ModelCard, ModelReady
+from engine.types import ChatRequest, ModelCard, ModelReady
+from exo_tui.chat.backend import ClusterBackend
 from exo_tui.chat.turn import chat_turn
 from exo_tui.cluster.control.coordinator import plan_fetches
 from exo_tui.cluster.control.placement import Placement, place
@@ -34,16 +33,16 @@ from exo_tui.cluster.control.state import (
 )
 from exo_tui.cluster.errors import ClusterError
 from exo_tui.cluster.node import ClusterSetup, machine_node
+from exo_tui.commands.printing import JsonLines, TextOutput, print_turn
 
 if TYPE_CHECKING:
     from exo_tui.chat.tools import ToolRegistry
-    from exo_tui.commands.chat import JsonLines, TextOutput
 
 
 def choose(state: ClusterState, wanted: str | None) -> tuple[NodeStats, ...]:
     """The online nodes named in `wanted` (ids or names, comma separated, in ring order)."""
     if not wanted:
-        return state.candidates
+        return tuple(n.stats for n in state.online_nodes)
     chosen: list[NodeStats] = []
     for name in (w.strip() for w in wanted.split(",") if w.strip()):
         node = next((n for n in state.online_nodes if name in (n.node_id, n.name)), None)
@@ -152,18 +151,10 @@ async def _chat(
         out.loaded(ModelReady(model=card.name, load_seconds=time.perf_counter() - started,
                               blas=f"cluster of {placement.world_size} nodes"))  # fmt: skip
 
-        def generate(turn_request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
-            chunks = node.coordinator.chat(turn_request, cancel)
-            while True:
-                try:
-                    yield anyio.from_thread.run(chunks.__anext__)
-                except StopAsyncIteration:
-                    return
+        backend = ClusterBackend(node.coordinator, card, asyncio.get_running_loop())
 
         def turn() -> int:
-            from exo_tui.commands.chat import print_turn
-
-            return print_turn(chat_turn(generate, request, registry), out)
+            return print_turn(chat_turn(backend, request, registry), out)
 
         try:
             code = await anyio.to_thread.run_sync(turn)

@@ -31,7 +31,6 @@ from exo_tui.cluster.control.state import (
     LoadProgressed,
     LoadStarted,
     NodeLost,
-    NodesChosen,
     NodeSeen,
     Unloaded,
 )
@@ -69,10 +68,10 @@ def _keys_placed(footer: Footer) -> bool:
 
 
 async def _model_chosen(app: ExoTuiApp, pilot: Pilot[None]) -> None:
-    await wait_until(pilot, lambda: app.card is not None)
+    await wait_until(pilot, lambda: app.selection.card is not None)
     # The node's card counts the models found; wait until it has been redrawn with them.
     text = app.query_one(NodeCard).query_one("#node-text", Static)
-    await wait_until(pilot, lambda: f"{len(app.cards)} model" in str(text.render()))
+    await wait_until(pilot, lambda: f"{len(app.main.cards)} model" in str(text.render()))
 
 
 async def empty(app: ExoTuiApp, pilot: Pilot[None]) -> None:
@@ -86,9 +85,9 @@ async def placement(app: ExoTuiApp, pilot: Pilot[None]) -> None:
 
 
 def _placed(app: ExoTuiApp) -> tuple[str, str, int]:
-    assert app.card is not None and app.placement is not None
-    app.dispatch(InstancePlaced(placement=app.placement))  # type: ignore[arg-type]
-    return app.local_id, app.card.name, app.card.num_layers
+    assert app.selection.card is not None and app.selection.placement is not None
+    app.dispatch(InstancePlaced(placement=app.selection.placement))  # type: ignore[arg-type]
+    return app.local_id, app.selection.card.name, app.selection.card.num_layers
 
 
 async def loading(app: ExoTuiApp, pilot: Pilot[None]) -> None:
@@ -152,11 +151,11 @@ async def _placed_on_three(app: ExoTuiApp, pilot: Pilot[None]) -> tuple[Placemen
     """The model placed over this node and two peers; the placement and the model's name."""
     await _model_chosen(app, pilot)
     _peers(app)
-    app.dispatch(NodesChosen(node_ids=None))
+    app.choose_nodes(None)
     await wait_until(pilot, lambda: len(app.query(NodeCard)) == 3)
-    assert isinstance(app.placement, Placement) and app.card is not None
-    app.dispatch(InstancePlaced(placement=app.placement))
-    return app.placement, app.card.name
+    assert isinstance(app.selection.placement, Placement) and app.selection.card is not None
+    app.dispatch(InstancePlaced(placement=app.selection.placement))
+    return app.selection.placement, app.selection.card.name
 
 
 async def cluster(app: ExoTuiApp, pilot: Pilot[None]) -> None:

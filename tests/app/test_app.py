@@ -49,21 +49,23 @@ def runner(app: ExoTuiApp) -> object:
 
 
 async def launch(app: ExoTuiApp, pilot) -> None:  # type: ignore[no-untyped-def]
-    await wait_until(pilot, lambda: app.card is not None)
+    await wait_until(pilot, lambda: app.selection.card is not None)
     await pilot.press("ctrl+l")
-    await wait_until(pilot, lambda: app.loaded is not None and isinstance(runner(app), RunnerReady))
+    await wait_until(
+        pilot, lambda: app.conversation.backend is not None and isinstance(runner(app), RunnerReady)
+    )
 
 
 async def test_start_shows_the_node_and_a_placement_preview(models_dir: Path) -> None:
     app = make_app(models_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.card is not None)
+        await wait_until(pilot, lambda: app.selection.card is not None)
         card = app.query_one(NodeCard)
 
         def node_text() -> str:
             return str(card.query_one("#node-text", Static).render())
 
-        await wait_until(pilot, lambda: f"{len(app.cards)} model" in node_text())
+        await wait_until(pilot, lambda: f"{len(app.main.cards)} model" in node_text())
         assert "studio" in node_text() and "cpu" in node_text() and "openblas" in node_text()
         assert "4.0 GB / 16.0 GB" in node_text()  # used / total, from the node's stats
         preview = text_of(app, "#placement")
@@ -111,8 +113,9 @@ async def test_launch_draws_every_layer_then_chat_streams_and_is_stored(models_d
         assert answer.text.strip()
         assert "tok/s" in str(app.query_one(StatsLine).render())
 
-        assert app.store is not None and app.chat is not None
-        store, chat_id = app.store, app.chat.id
+        store, chat = app.conversation.store, app.conversation.summary
+        assert store is not None and chat is not None
+        chat_id = chat.id
         await wait_until(pilot, lambda: any(c.id == chat_id for c in store.list_chats()))
         stored = store.messages(chat_id)
         assert [m.role for m in stored] == ["system", "user", "assistant"]
@@ -133,14 +136,16 @@ async def test_an_answer_done_before_it_is_on_screen_is_shown_whole(
 
     monkeypatch.setattr(ChatPane, "add_turn", slow_add_turn)
     app = make_app(models_dir)
-    app.max_tokens = 4
+    app.conversation.max_tokens = 4
     async with app.run_test(size=SIZE) as pilot:
         await launch(app, pilot)
         await pilot.click(PromptInput)
         await pilot.press(*"Hello there", "enter")
-        await wait_until(pilot, lambda: bool(app.query(StatsLine)) and not app._generating)
+        await wait_until(
+            pilot, lambda: bool(app.query(StatsLine)) and not app.conversation.generating
+        )
         assert not [n.message for n in app._notifications if n.severity == "error"]
-        assert app.query_one(AnswerView).text.strip() == app.messages[-1].content
+        assert app.query_one(AnswerView).text.strip() == app.conversation.messages[-1].content
 
 
 async def test_escape_stops_the_answer(models_dir: Path) -> None:
@@ -157,7 +162,7 @@ async def test_escape_stops_the_answer(models_dir: Path) -> None:
         await pilot.press("escape")
         await wait_until(pilot, lambda: bool(app.query(StatsLine)))
         assert "cancelled" in str(app.query_one(StatsLine).render())
-        assert not app._generating
+        assert not app.conversation.generating
         assert prompt.cursor_blink
 
 
@@ -166,7 +171,9 @@ async def test_unload_frees_the_model(models_dir: Path) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await launch(app, pilot)
         await pilot.press("ctrl+u")
-        await wait_until(pilot, lambda: app.loaded is None and app.state.instance is None)
+        await wait_until(
+            pilot, lambda: app.conversation.backend is None and app.state.instance is None
+        )
         assert runner(app).state == "idle"  # type: ignore[attr-defined]
 
 
@@ -174,29 +181,32 @@ async def test_picker_filters_and_chooses(models_dir: Path, tiny_model_factory) 
     shutil.copytree(tiny_model_factory("qwen3"), models_dir / "tiny-qwen3")
     app = make_app(models_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: len(app.cards) == 2)
+        await wait_until(pilot, lambda: len(app.main.cards) == 2)
         await pilot.press("ctrl+o")
         await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker))
         await pilot.press(*"qwen")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.card is not None and app.card.name == "tiny-qwen3")
+        await wait_until(
+            pilot,
+            lambda: app.selection.card is not None and app.selection.card.name == "tiny-qwen3",
+        )
         assert "tiny-qwen3" in text_of(app, "#launch-model")
 
 
 async def test_strategy_toggle_and_unsupported_tensor(models_dir: Path) -> None:
     app = make_app(models_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.card is not None)
+        await wait_until(pilot, lambda: app.selection.card is not None)
         await pilot.press("ctrl+t")
-        assert app.state.strategy == "tensor"
+        assert app.selection.strategy == "tensor"
         assert "tensor over 1 node" in text_of(app, "#placement")
-        assert app.card is not None
-        no_tensor = app.card.model_copy(
+        assert app.selection.card is not None
+        no_tensor = app.selection.card.model_copy(
             update={"supports_tensor": False, "tensor_unsupported_reason": "no shard() here"}
         )
-        app.choose_model(no_tensor)
+        app.main.choose_model(no_tensor)
         await pilot.pause()
-        assert app.state.strategy == "pipeline"
+        assert app.selection.strategy == "pipeline"
         assert app.query_one("#strategy-tensor").disabled
         assert "no shard() here" in text_of(app, "#strategy-note")
 
@@ -204,17 +214,17 @@ async def test_strategy_toggle_and_unsupported_tensor(models_dir: Path) -> None:
 async def test_a_model_that_does_not_fit_is_refused(models_dir: Path) -> None:
     app = make_app(models_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.card is not None)
-        assert app.card is not None
-        huge = app.card.model_copy(update={"bytes_on_disk": 40 * GB})
-        app.choose_model(huge)
+        await wait_until(pilot, lambda: app.selection.card is not None)
+        assert app.selection.card is not None
+        huge = app.selection.card.model_copy(update={"bytes_on_disk": 40 * GB})
+        app.main.choose_model(huge)
         await pilot.pause()
         preview = text_of(app, "#placement")
         assert "short by" in preview and "studio" in preview
         await pilot.press("ctrl+l")
         await pilot.pause()
         assert app.state.instance is None
-        assert app.loaded is None
+        assert app.conversation.backend is None
 
 
 async def test_a_folder_missing_an_indexed_file_is_refused_by_that_file_s_name(
@@ -226,12 +236,12 @@ async def test_a_folder_missing_an_indexed_file_is_refused_by_that_file_s_name(
     (folder / lost).unlink()
     app = make_app(models_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.card is not None)
+        await wait_until(pilot, lambda: app.selection.card is not None)
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: any(lost in n.message for n in app._notifications))
         (message,) = [n.message for n in app._notifications if lost in n.message]
         assert f"Copy {lost} into {folder}" in message and "download" not in message
-        assert app.state.instance is None and app.loaded is None
+        assert app.state.instance is None and app.conversation.backend is None
 
 
 async def test_a_model_failing_to_load_marks_the_node_failed(models_dir: Path) -> None:
@@ -241,7 +251,7 @@ async def test_a_model_failing_to_load_marks_the_node_failed(models_dir: Path) -
     (broken / "config.json").write_text(json.dumps(config))
     app = make_app(models_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.card is not None)
+        await wait_until(pilot, lambda: app.selection.card is not None)
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: isinstance(runner(app), RunnerFailed))
         assert "failed" in text_of(app, "#launch-status")
@@ -304,9 +314,9 @@ async def test_keys_can_be_remapped(models_dir: Path, exo_home: Path) -> None:
     (exo_home / "config" / "keys.toml").write_text('[keys]\n"app.launch" = "f5"\n')
     app = make_app(models_dir)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.card is not None)
+        await wait_until(pilot, lambda: app.selection.card is not None)
         await pilot.press("f5")
-        await wait_until(pilot, lambda: app.loaded is not None)
+        await wait_until(pilot, lambda: app.conversation.backend is not None)
 
 
 async def test_a_bad_keymap_is_reported_and_the_app_runs(models_dir: Path, exo_home: Path) -> None:
@@ -327,7 +337,7 @@ async def test_no_models_says_how_to_get_one(tmp_path: Path) -> None:
         await wait_until(
             pilot, lambda: any("No models found" in n.message for n in app._notifications)
         )
-        assert app.card is None
+        assert app.selection.card is None
         await pilot.press("ctrl+l")
         await pilot.pause()
         assert any("Pick a model first" in n.message for n in app._notifications)

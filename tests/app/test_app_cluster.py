@@ -65,9 +65,9 @@ async def test_the_node_chooser_sets_the_ring_order(tiny_llama: Path, tmp_path: 
         await pilot.press("space", "down", "space")
         await pilot.press("space", "up", "space", "enter")
         await wait_until(pilot, lambda: not isinstance(app.screen, NodesScreen))
-        assert app.state.chosen_nodes == ("node-b", "node-a")
+        assert app.selection.chosen_nodes == ("node-b", "node-a")
         await pilot.press("f2", "escape")  # cancelling changes nothing
-        assert app.state.chosen_nodes == ("node-b", "node-a")
+        assert app.selection.chosen_nodes == ("node-b", "node-a")
 
 
 async def test_a_peer_shows_up_live_can_be_placed_on_and_its_loss_is_shown(
@@ -83,13 +83,13 @@ async def test_a_peer_shows_up_live_can_be_placed_on_and_its_loss_is_shown(
         assert names == ["studio", "peer"]
         assert app.state.nodes[1].stats.memory_total_bytes > 0
         # A model is placed on this node alone at first; F2 chooses nodes (A ticks all).
-        await wait_until(pilot, lambda: isinstance(app.placement, Placement))
-        assert isinstance(app.placement, Placement)
-        assert app.placement.node_ids == (app.local_id,)
+        await wait_until(pilot, lambda: isinstance(app.selection.placement, Placement))
+        assert isinstance(app.selection.placement, Placement)
+        assert app.selection.placement.node_ids == (app.local_id,)
         await choose_every_node(pilot)
-        assert app.state.chosen_nodes is None, app.state.chosen_nodes
-        assert isinstance(app.placement, Placement)
-        assert set(app.placement.node_ids) == {app.local_id, peer.node_id}
+        assert app.selection.chosen_nodes is None, app.selection.chosen_nodes
+        assert isinstance(app.selection.placement, Placement)
+        assert set(app.selection.placement.node_ids) == {app.local_id, peer.node_id}
         peer.process.kill()
         await wait_until(pilot, lambda: not app.state.nodes[1].online, timeout=5)
         assert app.is_running
@@ -104,9 +104,12 @@ async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_p
     app = app_with_peer(peer, models, model="tiny-llama")
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: len(app.state.online_nodes) == 2, timeout=15)
-        await wait_until(pilot, lambda: app.card is not None)
+        await wait_until(pilot, lambda: app.selection.card is not None)
         await choose_every_node(pilot)
-        assert isinstance(app.placement, Placement) and app.placement.world_size == 2
+        assert (
+            isinstance(app.selection.placement, Placement)
+            and app.selection.placement.world_size == 2
+        )
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: app.state.instance_status == "ready", timeout=60)
         assert all(isinstance(n.runner, RunnerReady) for n in app.state.nodes)
@@ -125,7 +128,7 @@ async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_p
         assert app.screen.query_one(SelectionList).option_count == 1
         await pilot.press("enter")
         await pilot.press("ctrl+l")
-        await wait_until(pilot, lambda: app.loaded is not None, timeout=30)
+        await wait_until(pilot, lambda: app.conversation.backend is not None, timeout=30)
         assert app.state.instance_status == "ready"
 
 
@@ -139,7 +142,7 @@ async def test_a_request_error_on_the_cluster_is_shown_in_the_chat(
     app = app_with_peer(peer, models, model="short")
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_until(pilot, lambda: len(app.state.online_nodes) == 2, timeout=15)
-        await wait_until(pilot, lambda: app.card is not None)
+        await wait_until(pilot, lambda: app.selection.card is not None)
         await choose_every_node(pilot)
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: app.state.instance_status == "ready", timeout=60)

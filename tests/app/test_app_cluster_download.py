@@ -74,9 +74,17 @@ async def test_each_node_downloads_its_share_with_a_bar_then_the_model_loads_and
         keys = str(app.screen.query_one("#download-keys", Label).content)
         assert "each of the 2 nodes\ndownloads only the files of its layers" in keys
         await pilot.press("s")
-        await wait_until(pilot, lambda: app.card is not None and app.card.name == REPO)
-        assert isinstance(app.placement, Placement) and app.placement.world_size == 2
-        ranges = {s.node_id: (s.spec.start_layer, s.spec.end_layer) for s in app.placement.shards}
+        await wait_until(
+            pilot, lambda: app.selection.card is not None and app.selection.card.name == REPO
+        )
+        assert (
+            isinstance(app.selection.placement, Placement)
+            and app.selection.placement.world_size == 2
+        )
+        ranges = {
+            s.node_id: (s.spec.start_layer, s.spec.end_layer)
+            for s in app.selection.placement.shards
+        }
 
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: app.state.instance_status == "ready", timeout=60)

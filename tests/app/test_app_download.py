@@ -95,7 +95,7 @@ def picker_lines(app: ExoTuiApp) -> list[str]:
 
 
 async def open_picker(app: ExoTuiApp, pilot: Pilot[None]) -> None:
-    await wait_until(pilot, lambda: app.card is not None)
+    await wait_until(pilot, lambda: app.selection.card is not None)
     await pilot.press("ctrl+o")
     await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker))
 
@@ -164,23 +164,28 @@ async def test_a_catalogue_model_downloads_with_its_bars_then_is_chosen_and_laun
         assert "models--mlx-community--tiny-llama-test" in summary
 
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.card is not None and app.card.name == REPO)
+        await wait_until(
+            pilot, lambda: app.selection.card is not None and app.selection.card.name == REPO
+        )
         last = shown[-1]
         assert (last.bytes_done, last.files_done) == (total, last.files_total)
         assert {p.file for p in shown} == {p.name for p in tiny_llama.iterdir() if p.is_file()}
         assert app.query_one("#download-overall", ProgressBar).percentage == 1.0
         panel = app.query_one(DownloadPanel)
         assert not panel.active and not panel.display
-        assert app.card is not None
-        assert app.card.source == "hf_cache"
-        assert Path(app.card.path).is_relative_to(cache_folder(REPO))
+        assert app.selection.card is not None
+        assert app.selection.card.source == "hf_cache"
+        assert Path(app.selection.card.path).is_relative_to(cache_folder(REPO))
         assert any(f"{REPO} is downloaded" in n for n in notices(app))
         # Then it loads, without another key.
         await wait_until(
             pilot,
-            lambda: app.loaded is not None and isinstance(app.state.nodes[0].runner, RunnerReady),
+            lambda: (
+                app.conversation.backend is not None
+                and isinstance(app.state.nodes[0].runner, RunnerReady)
+            ),
         )
-        assert app.loaded is not None and app.loaded.card.name == REPO
+        assert app.conversation.backend is not None and app.conversation.backend.card.name == REPO
 
         # On disk now: the picker lists it once, as a model found in the cache.
         await open_picker(app, pilot)
@@ -217,7 +222,7 @@ async def test_escape_cancels_a_download_and_a_retry_resumes(
         await pilot.press("escape")
         await wait_until(pilot, lambda: not panel.active)
         assert any("cancelled" in n and "resume" in n for n in notices(app))
-        assert app.card is not None and app.card.name == "tiny-llama"
+        assert app.selection.card is not None and app.selection.card.name == "tiny-llama"
         assert partial_bytes(blobs) > 0  # partial files are kept
 
         # The app keeps running; choosing it again fetches only the rest.
@@ -225,7 +230,9 @@ async def test_escape_cancels_a_download_and_a_retry_resumes(
         hub.reset_counts()
         await ask_to_download(app, pilot, "test")
         await pilot.press("enter")
-        await wait_until(pilot, lambda: app.card is not None and app.card.name == REPO)
+        await wait_until(
+            pilot, lambda: app.selection.card is not None and app.selection.card.name == REPO
+        )
         assert 0 < hub.bytes_served() < total
         assert not list(blobs.glob("*.incomplete"))
 
@@ -258,7 +265,7 @@ async def test_a_download_error_is_shown_and_the_app_keeps_running(
         await wait_until(pilot, lambda: any(expected in n for n in notices(app)))
         panel = app.query_one(DownloadPanel)
         await wait_until(pilot, lambda: not panel.active and not panel.display)
-        assert app.card is not None and app.card.name == "tiny-llama"
+        assert app.selection.card is not None and app.selection.card.name == "tiny-llama"
         await open_picker(app, pilot)  # still answering keys
 
 

@@ -61,9 +61,9 @@ def app_alone(tmp_path: Path) -> ExoTuiApp:
 async def test_fake_handshakes_make_one_entry_per_address_and_few_notices(tmp_path: Path) -> None:
     app = app_alone(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: app._node is not None and app._node.port != 0)
-        assert app._node is not None
-        port = app._node.port
+        await wait_until(pilot, lambda: app.node is not None and app.node.port != 0)
+        assert app.node is not None
+        port = app.node.port
         await anyio.to_thread.run_sync(fake_handshakes, port, FAKES)
         await wait_until(pilot, lambda: sum(f.count for f in app.state.foreign) == FAKES)
         assert len(app.state.foreign) == 1
@@ -102,9 +102,9 @@ async def test_a_connection_flood_leaves_the_cluster_on_and_a_real_peer_joins(
 ) -> None:
     app = app_alone(tmp_path)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: app._node is not None and app._node.port != 0)
-        assert app._node is not None
-        port = app._node.port
+        await wait_until(pilot, lambda: app.node is not None and app.node.port != 0)
+        assert app.node is not None
+        port = app.node.port
         held = await anyio.to_thread.run_sync(flood, port, FLOOD)
         try:
             peer = start("peer", "--peer", f"127.0.0.1:{port}")

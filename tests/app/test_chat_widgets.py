@@ -289,7 +289,7 @@ async def test_show_messages_renders_a_stored_chat() -> None:
         await pane.add_user("Hello again")
         await pane.show_messages(messages[:2])
         assert [plain(user) for user in pane.query(UserMessage)] == ["What is [b]2+2[/b]?"]
-        await pane.clear()
+        await pane.remove_children()
         assert not pane.query("UserMessage, AnswerView")
 
 

@@ -17,13 +17,17 @@ pytestmark = pytest.mark.anyio
 async def test_cluster_question_calls_cluster_status_and_answers_from_it() -> None:
     app = ExoTuiApp(model="demo", node_stats=fixed_stats())
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: app.card is not None and app.card.source == "bundled")
+        await wait_until(
+            pilot, lambda: app.selection.card is not None and app.selection.card.source == "bundled"
+        )
         await pilot.press("ctrl+l")
         await wait_until(pilot, lambda: isinstance(app.state.nodes[0].runner, RunnerReady))
-        await wait_until(pilot, lambda: app.loaded is not None)
+        await wait_until(pilot, lambda: app.conversation.backend is not None)
         app.query_one(PromptInput).text = "how much memory does my cluster have?"
         await pilot.press("enter")
-        await wait_until(pilot, lambda: not app._generating and bool(app.query(StatsLine)), 60)
+        await wait_until(
+            pilot, lambda: not app.conversation.generating and bool(app.query(StatsLine)), 60
+        )
         call = app.query_one(ToolCallView)
         assert call.tool_name == "cluster_status"
         assert call.status == "ok"
@@ -31,5 +35,5 @@ async def test_cluster_question_calls_cluster_status_and_answers_from_it() -> No
         assert status["nodes"][0]["name"] == "studio"  # read from the live state
         answer = app.query_one(AnswerView).text
         assert str(status["total_memory_gb"]) in answer  # the answer uses the tool's result
-        roles = [m.role for m in app.messages]
+        roles = [m.role for m in app.conversation.messages]
         assert roles == ["system", "user", "assistant", "tool", "assistant"]

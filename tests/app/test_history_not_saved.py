@@ -43,11 +43,14 @@ async def test_a_full_disk_keeps_the_turn_and_saves_it_later(
         chat_db=db,
     )
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_until(pilot, lambda: app.card is not None)
+        await wait_until(pilot, lambda: app.selection.card is not None)
         await pilot.press("ctrl+l")
         await wait_until(
             pilot,
-            lambda: app.loaded is not None and isinstance(app.state.nodes[0].runner, RunnerReady),
+            lambda: (
+                app.conversation.backend is not None
+                and isinstance(app.state.nodes[0].runner, RunnerReady)
+            ),
         )
         filler = _fill(small_disk)
         await pilot.click(PromptInput)
@@ -62,11 +65,11 @@ async def test_a_full_disk_keeps_the_turn_and_saves_it_later(
         (notice,) = refused()
         assert "the disk is full" in notice and str(small_disk) in notice
         assert app.is_running
-        assert [m.role for m in app.messages] == ["system", "user", "assistant"]
+        assert [m.role for m in app.conversation.messages] == ["system", "user", "assistant"]
         with sqlite3.connect(db) as raw:  # nothing of the turn, not half of it
             assert raw.execute("SELECT COUNT(*) FROM messages").fetchone() == (0,)
         filler.unlink()
         await wait_until(pilot, lambda: "History is saved again." in _notices(app), timeout=30)
         with sqlite3.connect(db) as raw:
             rows = raw.execute("SELECT role, content FROM messages ORDER BY position").fetchall()
-        assert rows == [(m.role, m.content) for m in app.messages]
+        assert rows == [(m.role, m.content) for m in app.conversation.messages]

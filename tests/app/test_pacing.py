@@ -4,19 +4,49 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from engine.generate import CancelToken
-from engine.types import ChatRequest, Chunk, DoneChunk, Message, Stats, TextChunk, Usage
+from engine.types import ChatRequest, Chunk, DoneChunk, Stats, TextChunk, Usage
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.pacing import SCREEN_BUDGET, STREAM_INTERVAL, RedrawPacer, thread_cpu_clock
-from exo_tui.app.widgets.chat import AnswerView, ChatPane
+from exo_tui.app.widgets.chat import AnswerView
+from exo_tui.hub.catalogue import entry_card, load_catalogue
 from tests.app.helpers import fixed_stats, wait_until
 
 pytestmark = pytest.mark.anyio
+
+
+class ScriptedBackend:
+    """A model whose chunks come when the test lets them: the app's real chat path in front."""
+
+    card = entry_card(load_catalogue()[0])
+
+    def __init__(self, chat: Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]) -> None:
+        self._chat = chat
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        return self._chat(request, cancel)
+
+    def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
+        pass
+
+    def stop_prefill(self) -> None:
+        pass
+
+    def forget_history(self) -> None:
+        pass
+
+    def unload(self) -> None:
+        pass
+
+
+def answer_text(app: ExoTuiApp) -> str | None:
+    answers = app.query(AnswerView)
+    return answers.last().text if answers else None
 
 
 class ScreenCpu:
@@ -88,16 +118,11 @@ async def test_the_first_words_of_an_answer_show_before_the_next_token(tmp_path:
 
     app = ExoTuiApp(models_dirs=[tmp_path], chat_db=tmp_path / "chats.db", node_stats=fixed_stats())
     async with app.run_test(size=(120, 40)) as pilot:
-        answer = AnswerView()
-        await app.query_one(ChatPane).add_turn("hi", answer)
-        request = ChatRequest(messages=(Message(role="user", content="hi"),))
-        turn = threading.Thread(
-            target=app._run_turn, args=(scripted, request, answer, threading.Event())
-        )
-        turn.start()
+        app.conversation.backend = ScriptedBackend(scripted)
+        await pilot.press("h", "i", "enter")
         try:
-            await wait_until(pilot, lambda: answer.text == "Hello", timeout=5)
+            await wait_until(pilot, lambda: answer_text(app) == "Hello", timeout=5)
         finally:
             more.set()
-            turn.join()
-        await wait_until(pilot, lambda: answer.text == "Hello there.", timeout=5)
+        await wait_until(pilot, lambda: answer_text(app) == "Hello there.", timeout=5)
+        await wait_until(pilot, lambda: not app.conversation.generating, timeout=5)

@@ -76,7 +76,7 @@ class Coordinating:
         """Run the node, wait for both peers, and place `card` over them (pipeline)."""
         await tasks.start(self.node.run)
         await self.wait(lambda: len(self.state.online_nodes) == 2, 15)
-        placement = place(self.state.candidates, card, "pipeline")
+        placement = place(tuple(n.stats for n in self.state.online_nodes), card, "pipeline")
         assert isinstance(placement, Placement)
         return placement
 
@@ -150,7 +150,7 @@ async def test_a_model_placed_on_one_other_node_alone_runs_there(
     async with anyio.create_task_group() as tasks:
         await tasks.start(cluster.node.run)
         await cluster.wait(lambda: len(cluster.state.online_nodes) == 1, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
+        placement = place(tuple(n.stats for n in cluster.state.online_nodes), card, "pipeline")
         assert isinstance(placement, Placement)
         assert placement.node_ids == (nodes[0].node_id,)  # a ring of one, on the other node
         await cluster.node.coordinator.launch(placement, card)
@@ -373,7 +373,7 @@ async def test_a_peers_shard_spec_out_of_bounds_is_refused_naming_the_layers(
     async with anyio.create_task_group() as tasks:
         await tasks.start(cluster.node.run)
         await cluster.wait(lambda: len(cluster.state.online_nodes) == 1, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
+        placement = place(tuple(n.stats for n in cluster.state.online_nodes), card, "pipeline")
         assert isinstance(placement, Placement)
         # What a hostile peer can send: ShardSpec on the wire has no bounds of its own.
         placed = placement.shards[0]

@@ -120,7 +120,7 @@ async def test_a_second_key_holder_cannot_chat_on_or_stop_anothers_instance(
     async with anyio.create_task_group() as tasks:
         await tasks.start(cluster.node.run)
         await cluster.wait(lambda: len(cluster.state.online_nodes) == 1, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
+        placement = place(tuple(n.stats for n in cluster.state.online_nodes), card, "pipeline")
         assert isinstance(placement, Placement)
         await cluster.node.coordinator.launch(placement, card)
         runners = runner_pids(node)
@@ -159,7 +159,7 @@ async def test_a_peer_outside_the_placement_cannot_fail_or_answer_for_an_instanc
     async with anyio.create_task_group() as tasks:
         await tasks.start(cluster.node.run)
         await cluster.wait(lambda: len(cluster.state.online_nodes) == 1, 15)
-        placement = place(cluster.state.candidates, card, "pipeline")
+        placement = place(tuple(n.stats for n in cluster.state.online_nodes), card, "pipeline")
         assert isinstance(placement, Placement)
         await cluster.node.coordinator.launch(placement, card)
         instance = cluster.node.coordinator.instance

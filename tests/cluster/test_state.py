@@ -27,9 +27,7 @@ from exo_tui.cluster.control.state import (
     LoadFinished,
     LoadProgressed,
     LoadStarted,
-    ModelSelected,
     NodeLost,
-    NodesChosen,
     NodeSeen,
     NodeStats,
     NodeView,
@@ -39,7 +37,6 @@ from exo_tui.cluster.control.state import (
     RunnerLoading,
     RunnerReady,
     StatsUpdated,
-    StrategySelected,
     Unloaded,
     apply,
 )
@@ -266,20 +263,7 @@ def test_generation_events_only_move_ready_and_generating_runners() -> None:
     assert runner(state, "a") == RunnerIdle()
 
 
-def test_choices_and_candidates() -> None:
-    state = reduce(
-        apply,
-        [ModelSelected(model="tiny"), StrategySelected(strategy="tensor"), NodeLost(node_id="b")],
-        cluster("a", "b", "c"),
-    )
-    assert (state.model, state.strategy) == ("tiny", "tensor")
-    assert [s.node_id for s in state.candidates] == ["a", "c"]
-    state = apply(state, NodesChosen(node_ids=("c", "b", "zz", "a", "c")))
-    assert [s.node_id for s in state.candidates] == ["c", "a"]  # chosen order, online only
-    assert apply(state, NodesChosen(node_ids=None)).candidates == (stats("a"), stats("c"))
-
-
-def test_candidates_feed_placement() -> None:
+def test_online_nodes_feed_placement() -> None:
     card = ModelCard(
         name="tiny",
         path="/m",
@@ -299,7 +283,7 @@ def test_candidates_feed_placement() -> None:
         supports_tensor=True,
     )
     state = cluster("a", "b")
-    result = place(state.candidates, card, state.strategy)
+    result = place(tuple(n.stats for n in state.online_nodes), card, "pipeline")
     assert isinstance(result, Placement)
     state = apply(state, InstancePlaced(placement=result))
     assert state.instance_status == "placed"
@@ -381,9 +365,6 @@ events: st.SearchStrategy[ClusterEvent] = st.one_of(
     st.builds(GenerationStarted, node_id=ids),
     st.builds(GenerationFinished, node_id=ids),
     st.builds(Unloaded, node_id=ids),
-    st.builds(ModelSelected, model=st.none() | texts),
-    st.builds(StrategySelected, strategy=st.sampled_from(["pipeline", "tensor"])),
-    st.builds(NodesChosen, node_ids=st.none() | st.lists(ids, max_size=4).map(tuple)),
     st.builds(InstancePlaced, placement=placements),
     st.just(InstanceCleared()),
     st.builds(
@@ -421,9 +402,6 @@ def test_any_sequence_of_events_keeps_the_invariants(sequence: list[ClusterEvent
                 assert view is None or view.online
         if state.instance_status == "failed":
             assert state.instance is not None
-        candidates = [c.node_id for c in state.candidates]
-        assert set(candidates) <= set(node_ids)
-        assert len(candidates) == len(set(candidates))
 
 
 def test_foreign_peers_are_listed_once_each_and_cleared_when_they_join() -> None:

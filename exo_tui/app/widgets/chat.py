@@ -407,10 +407,6 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
     def _held_by_anchor(self) -> bool:
         return self.is_anchored and not self._anchor_released
 
-    def clear(self) -> AwaitRemove:
-        """Remove the whole conversation (a new chat)."""
-        return self._log.remove_children()
-
     def remove_children(
         self, selector: str | type[QueryType] | Iterable[Widget] = "*"
     ) -> AwaitRemove:

@@ -21,6 +21,7 @@ from textual.widgets import ProgressBar, Static
 from textual.worker import get_current_worker
 
 from engine.errors import EngineError
+from engine.loading import run_loading
 from exo_tui.app.widgets import quiet
 from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.hub.downloads import DownloadCancelled, DownloadProgress, download
@@ -151,24 +152,22 @@ class DownloadPanel(Vertical):
     @work(thread=True, exclusive=True, group="download")
     def _fetch(self, repo_id: str, cancel: threading.Event) -> None:
         worker = get_current_worker()
-        downloading = download(repo_id, cancel=cancel)
         posted = 0.0
         unsent: DownloadProgress | None = None
+
+        def progressed(progress: DownloadProgress) -> None:
+            nonlocal posted, unsent
+            if worker.is_cancelled:
+                cancel.set()
+            now = time.monotonic()
+            if now - posted >= PROGRESS_INTERVAL or progress.file_bytes >= progress.file_total:
+                self.post_message(self.Progressed(progress))
+                posted, unsent = now, None
+            else:
+                unsent = progress
+
         try:
-            while True:
-                try:
-                    progress = next(downloading)
-                except StopIteration as done:
-                    snapshot: Path = done.value
-                    break
-                if worker.is_cancelled:
-                    cancel.set()
-                now = time.monotonic()
-                if now - posted >= PROGRESS_INTERVAL or progress.file_bytes >= progress.file_total:
-                    self.post_message(self.Progressed(progress))
-                    posted, unsent = now, None
-                else:
-                    unsent = progress
+            snapshot: Path = run_loading(download(repo_id, cancel=cancel), progressed)
         except DownloadCancelled as error:
             self.post_message(self.Failed(repo_id, str(error), cancelled=True))
             return

@@ -20,7 +20,7 @@ from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
-from engine.types import Frozen, ModelCard, Strategy
+from engine.types import Frozen, ModelCard
 from exo_tui.cluster.control.placement import Placement
 
 Backend = Literal["cpu", "metal", "cuda"]
@@ -157,12 +157,9 @@ class Instance(Frozen):
 
 
 class ClusterState(Frozen):
-    """Every node (in the order first seen), the user's choices and the running instance."""
+    """Every node (in the order first seen) and the running instance: facts, not choices."""
 
     nodes: tuple[NodeView, ...] = ()
-    model: str | None = None
-    strategy: Strategy = "pipeline"
-    chosen_nodes: tuple[str, ...] | None = None
     instance: Instance | None = None
     foreign: tuple[ForeignNode, ...] = ()
 
@@ -179,15 +176,6 @@ class ClusterState(Frozen):
     @property
     def online_nodes(self) -> tuple[NodeView, ...]:
         return tuple(n for n in self.nodes if n.online)
-
-    @property
-    def candidates(self) -> tuple[NodeStats, ...]:
-        """Stats of the nodes to place on, in ring order: the chosen ones that are online, in
-        the order first chosen, or every online node when none were chosen."""
-        if self.chosen_nodes is None:
-            return tuple(n.stats for n in self.online_nodes)
-        found = (self.node(i) for i in dict.fromkeys(self.chosen_nodes))
-        return tuple(n.stats for n in found if n is not None and n.online)
 
     @property
     def instance_status(self) -> InstanceStatus | None:
@@ -284,23 +272,6 @@ class Unloaded(Frozen):
     node_id: str
 
 
-class ModelSelected(Frozen):
-    type: Literal["model_selected"] = "model_selected"
-    model: str | None
-
-
-class StrategySelected(Frozen):
-    type: Literal["strategy_selected"] = "strategy_selected"
-    strategy: Strategy
-
-
-class NodesChosen(Frozen):
-    """The user picked the nodes to place on (in ring order); ``None`` means every online node."""
-
-    type: Literal["nodes_chosen"] = "nodes_chosen"
-    node_ids: tuple[str, ...] | None
-
-
 class InstancePlaced(Frozen):
     """A placement was accepted for launch; it replaces any previous instance."""
 
@@ -337,16 +308,7 @@ NodeEvent = (
 )
 
 ClusterEvent = Annotated[
-    NodeSeen
-    | NodeLost
-    | StatsUpdated
-    | NodeEvent
-    | ModelSelected
-    | StrategySelected
-    | NodesChosen
-    | InstancePlaced
-    | InstanceCleared
-    | ForeignSeen,
+    NodeSeen | NodeLost | StatsUpdated | NodeEvent | InstancePlaced | InstanceCleared | ForeignSeen,
     Field(discriminator="type"),
 ]
 
@@ -369,12 +331,6 @@ def apply(state: ClusterState, event: ClusterEvent) -> ClusterState:
             | Unloaded()
         ):
             return _runner_event(state, event)
-        case ModelSelected(model=model):
-            return _with(state, model=model)
-        case StrategySelected(strategy=strategy):
-            return _with(state, strategy=strategy)
-        case NodesChosen(node_ids=node_ids):
-            return _with(state, chosen_nodes=node_ids)
         case InstancePlaced(placement=placement):
             return _placed(state, placement)
         case InstanceCleared():

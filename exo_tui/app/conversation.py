@@ -1,0 +1,298 @@
+"""The chat in the app: prompt, turn, stream, store; and the draft prefill while the user types.
+
+The app hands it the prompt's messages and the backend that answers; it never asks which kind
+of backend that is. Turns run in thread workers on the MLX thread; each finished turn is written
+to the store whole, and kept in memory until the store takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.errors import EngineError
+from engine.loading import run_loading
+from engine.types import ChatRequest, Message, ReasoningChunk, TextChunk
+from exo_tui.app.engine_thread import ENGINE_THREAD
+from exo_tui.app.inflight import WorkInFlight
+from exo_tui.app.messages import HistorySaved, TurnEnded
+from exo_tui.app.pacing import RedrawPacer
+from exo_tui.app.unsaved import UnsavedTurns
+from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
+from exo_tui.chat.backend import Backend
+from exo_tui.chat.tools import ToolRegistry
+from exo_tui.chat.turn import TurnEvent, chat_turn
+from exo_tui.store.chats import ChatStore, ChatSummary, new_chat, open_chat_store
+
+if TYPE_CHECKING:
+    from textual.app import App
+    from textual.timer import Timer
+    from textual.widget import AwaitMount
+
+SYSTEM_PROMPT = "You are exo-tui's assistant. Use the tools when they help; answer briefly."
+# Seconds without a key press before the typed message is prefilled: between bursts of typing.
+DRAFT_PREFILL_DELAY = 0.3
+ATTACH_POLL_S = 0.005  # how often a finished answer looks whether it is on screen yet
+
+
+def coalesce(pending: list[TurnEvent], event: TurnEvent) -> None:
+    """Append `event`, joining it to the last one when both are text (or both reasoning)."""
+    last = pending[-1] if pending else None
+    if isinstance(event, TextChunk) and isinstance(last, TextChunk):
+        pending[-1] = TextChunk(text=last.text + event.text)
+    elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
+        pending[-1] = ReasoningChunk(text=last.text + event.text)
+    else:
+        pending.append(event)
+
+
+class Conversation:
+    """The open chat, its messages, the backend that answers and the store that keeps them."""
+
+    def __init__(
+        self,
+        app: App[None],
+        tools: ToolRegistry,
+        in_flight: WorkInFlight,
+        screen_cpu: Callable[[], Callable[[], float] | None],
+    ) -> None:
+        """`screen_cpu`: the screen thread's CPU clock (known once the app is mounted)."""
+        self._app = app
+        self.tools = tools
+        self._in_flight = in_flight
+        self._screen_cpu = screen_cpu
+        self.backend: Backend | None = None
+        self.store: ChatStore | None = None
+        self.unsaved: UnsavedTurns | None = None
+        self.summary: ChatSummary | None = None
+        self.messages: list[Message] = []
+        self.generating = False
+        self.max_tokens = 1024
+        self._cancel = threading.Event()
+        self._draft_timer: Timer | None = None
+        self._save_problem: str | None = None  # the one the user was last told of
+
+    def open_store(self, chat_db: Path | None) -> str | None:
+        """Open the history; a notice for the user, if the store has one."""
+        opened = open_chat_store(chat_db)
+        self.store = opened.store
+        self.unsaved = UnsavedTurns(opened.store)
+        return opened.notice
+
+    # A turn
+
+    async def submit(self, text: str, can_answer: bool) -> AwaitMount | None:
+        """Answer `text`: the turn going on screen; None (and a word to the user) when nothing
+        can answer it now. `can_answer`: whether the backend's instance still runs."""
+        backend = self.backend
+        if backend is None or not can_answer:
+            self._app.notify("Launch a model first (Ctrl+L).", severity="warning")
+            return None
+        if self.generating:
+            self._app.notify("Still answering; Esc stops it.")
+            return None
+        # The engine starts first: storing the turn and putting it on screen overlap its prefill.
+        user = Message(role="user", content=text)
+        earlier = self.history_before_prompt()
+        request = ChatRequest(
+            messages=(*earlier, user),
+            tools=self.tools.specs,
+            max_tokens=self.max_tokens,
+            temperature=0.0,
+        )
+        answer = AnswerView()
+        self.set_generating(True)
+        cancel = self._cancel = threading.Event()
+        backend.stop_prefill()  # stop prefilling for this turn: it is here
+        opening: tuple[Message, ...] = (user,)
+        if self.summary is None:  # in memory: the store gets it with its first turn
+            self.summary = new_chat(backend.card.name)
+            self.messages = []
+            opening = (*earlier, user)  # the system prompt that opens a chat
+        summary = self.summary
+        self._app.run_worker(
+            lambda: self._generate(backend, request, answer, cancel, summary, opening),
+            name="_generate",
+            group="chat",
+            thread=True,
+        )
+        await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
+        self.messages.extend(opening)
+        return self._app.query_one(ChatPane).add_turn(text, answer)
+
+    def history_before_prompt(self) -> tuple[Message, ...]:
+        """The messages the next prompt follows: a new chat starts with the system prompt."""
+        if self.summary is None:
+            return (Message(role="system", content=SYSTEM_PROMPT),)
+        return tuple(self.messages)
+
+    def _generate(
+        self,
+        backend: Backend,
+        request: ChatRequest,
+        answer: AnswerView,
+        cancel: threading.Event,
+        chat: ChatSummary,
+        opening: tuple[Message, ...],
+    ) -> None:
+        """Answer, save the turn (`opening` and what the answer added), then prefill the next."""
+        with self._in_flight.running() as allowed:
+            if not allowed:
+                return
+            added = ENGINE_THREAD.run(lambda: self.stream_turn(backend, request, answer, cancel))
+            # Saved here, not from TurnEnded: a quit mid-answer still saves what was answered;
+            # and off the MLX thread, so a store waiting out a lock does not hold up the model.
+            if self.unsaved is not None:
+                self.unsaved.add(chat, (*opening, *(added or [])))
+                self._app.post_message(HistorySaved(self.unsaved.save()))
+            if added is not None:
+                # While the user reads and types, prefill the history as the next turn will
+                # see it; sending the next message stops this within one step.
+                history = request.model_copy(update={"messages": (*request.messages, *added)})
+                ENGINE_THREAD.run(lambda: backend.prefill_next(history))
+
+    def stream_turn(
+        self, backend: Backend, request: ChatRequest, answer: AnswerView, cancel: threading.Event
+    ) -> list[Message] | None:
+        """Stream one turn into `answer`; the messages it added, None when it failed."""
+        pending: list[TurnEvent] = []
+        pacer = RedrawPacer(self._screen_cpu())
+
+        def show(event: TurnEvent) -> None:
+            # Tokens arrive faster than a screen redraws: text goes in paced batches (the
+            # first at once); anything else at once. The engine starts before the answer is
+            # mounted, and a widget outside the DOM cannot take a message from a thread (it
+            # finds no app): until it is mounted, everything waits here.
+            nonlocal pending
+            coalesce(pending, event)
+            now = time.monotonic()
+            due = not isinstance(event, TextChunk | ReasoningChunk) or pacer.due(now)
+            if due and answer.is_attached:
+                answer.post_message(AnswerView.Feed(pending))
+                pending = []
+                pacer.sent(now)
+
+        try:
+            added = run_loading(chat_turn(backend, request, self.tools, cancel), show)
+        except EngineError as error:
+            self._app.post_message(TurnEnded([], error=str(error)))
+            return None
+        except Exception as error:  # the app keeps running, the chat keeps its history
+            self._app.post_message(TurnEnded([], error=f"{type(error).__name__}: {error}"))
+            return None
+        if self._wait_until_attached(answer):
+            answer.post_message(AnswerView.Feed(pending))
+        self._app.post_message(TurnEnded(added))
+        return added
+
+    def _wait_until_attached(self, answer: AnswerView) -> bool:
+        """In a worker: wait for `answer` to be mounted; False when the app exits first."""
+        while not answer.is_attached:
+            if not self._app.is_running:
+                return False
+            time.sleep(ATTACH_POLL_S)
+        return True
+
+    def turn_ended(self, message: TurnEnded) -> None:
+        self.set_generating(False)
+        self.messages.extend(message.added)
+        if message.error:
+            self._app.notify(message.error, severity="error", timeout=10)
+
+    def set_generating(self, generating: bool) -> None:
+        self.generating = generating
+        # A steady cursor while an answer streams: every blink redraws the prompt, and on a
+        # small machine the engine pays for each redraw (the same cores, the same GIL).
+        for prompt in self._app.query(PromptInput):  # none while the app shuts down
+            prompt.cursor_blink = not generating
+
+    def stop(self) -> None:
+        """Stop the answer at its next step."""
+        self._cancel.set()
+
+    def stop_all(self) -> None:
+        """Quitting: the answer and any prefill stop at their next step."""
+        self._cancel.set()
+        if self.backend is not None:
+            self.backend.stop_prefill()
+
+    # The draft
+
+    def draft_changed(self, draft: str) -> None:
+        if self._draft_timer is not None:
+            self._draft_timer.stop()
+        self._draft_timer = self._app.set_timer(
+            DRAFT_PREFILL_DELAY, lambda: self.prefill_draft(draft)
+        )
+
+    def prefill_draft(self, draft: str) -> None:
+        """While the user types, prefill their message as far as it is typed, at each pause, as
+        if it were sent then: sending it leaves one token to prefill, or what came after the
+        pause."""
+        backend = self.backend
+        if backend is None or self.generating or not draft.strip():
+            return
+        request = ChatRequest(messages=self.history_before_prompt(), tools=self.tools.specs)
+        self._app.run_worker(
+            lambda: self._prefill(backend, request, draft),
+            name="_prefill",
+            group="prefill",
+            thread=True,
+        )
+
+    def _prefill(self, backend: Backend, request: ChatRequest, draft: str) -> None:
+        with self._in_flight.running() as allowed:
+            if allowed:
+                ENGINE_THREAD.run(lambda: backend.prefill_next(request, draft))
+
+    # The history
+
+    def new_chat(self) -> None:
+        self.summary = None
+        self.messages = []
+        self._app.query_one(ChatPane).remove_children()
+        if self.backend is not None:
+            self.backend.forget_history()
+
+    def reopen(self, chat: ChatSummary, stored: list[Message]) -> None:
+        """Show `chat`: what the store holds of it, then its turns still waiting to be saved."""
+        self.summary = chat
+        waiting = self.unsaved.of(chat.id) if self.unsaved is not None else []
+        self.messages = [*stored, *waiting]
+        self._app.query_one(ChatPane).show_messages(self.messages)
+
+    def save_waiting(self) -> None:
+        """Try the turns the store refused again."""
+        if self.unsaved is not None and self.unsaved.waiting:
+            self._app.run_worker(
+                self._save, name="_save", group="save", exclusive=True, thread=True
+            )
+
+    def history_saved(self, problem: str | None) -> None:
+        """Say once that history is not being saved, and why; and say when it is again."""
+        if problem is not None and problem != self._save_problem:
+            self._app.notify(
+                f"History could not be saved: {problem} This chat is kept here and saved as soon "
+                "as the database takes it.",
+                severity="error",
+                timeout=15,
+            )
+        elif problem is None and self._save_problem is not None:
+            self._app.notify("History is saved again.")
+        self._save_problem = problem
+
+    def _save(self) -> None:
+        with self._in_flight.running() as allowed:
+            if allowed and self.unsaved is not None:
+                self._app.post_message(HistorySaved(self.unsaved.save()))
+
+    def finish(self) -> None:
+        """Quitting, once the work has stopped: save what waits and checkpoint the store."""
+        if self.unsaved is not None:
+            self.unsaved.save()
+        if self.store is not None:
+            self.store.close()

@@ -1,0 +1,178 @@
+"""What answers a chat: one interface in front of a model in this process, a cluster or a ring.
+
+A chat turn, the app and the CLI hold a `Backend` and never ask which kind it is. The local one
+serialises generation and next-turn prefill on the model; the cluster one is the one bridge from
+the coordinator's event loop to the caller's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Protocol
+
+from engine.errors import EngineError
+from engine.generate import CancelToken, generate, prefill_next_turn
+from engine.loading import LoadedModel
+from engine.types import ChatRequest, Chunk, ModelCard
+from exo_tui.cluster.worker.local_ring import failure_chunks
+
+# A generation of engine chunks: engine.generate over a loaded model, or a ring's chat.
+GenerateFn = Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]
+
+
+class Backend(Protocol):
+    """A model ready to answer."""
+
+    @property
+    def card(self) -> ModelCard: ...
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        """Stream the answer to `request`; the last chunk is a DoneChunk."""
+        ...
+
+    def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
+        """Prefill `request` (and the typed `draft`) as the next turn will see it, until
+        `stop_prefill`; a backend with nothing to prefill does nothing."""
+        ...
+
+    def stop_prefill(self) -> None:
+        """Stop the prefill running or queued: a turn (or an unload) is here."""
+        ...
+
+    def forget_history(self) -> None:
+        """A new chat: what was cached for the last one is of no use."""
+        ...
+
+    def unload(self) -> None:
+        """Let go of the model."""
+        ...
+
+
+class Coordinating(Protocol):
+    """What the cluster backend needs of the coordinator."""
+
+    def chat(self, request: ChatRequest, cancel: CancelToken | None = None) -> AsyncIterator[Chunk]:
+        """Rank 0's chunks."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop the instance on every node."""
+        ...
+
+
+class LocalBackend:
+    """A model loaded in this process."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        # One generation or next-turn prefill at a time on the model.
+        self._lock = threading.Lock()
+        self._prefill_cancel = threading.Event()
+
+    @property
+    def card(self) -> ModelCard:
+        return self.loaded.card
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        with self._lock:  # after any next-turn prefill has stopped
+            # Prefills asked for from here on are for the turn after this one; those asked for
+            # before it were stopped, even the ones still waiting for the model's thread.
+            self._prefill_cancel = threading.Event()
+            yield from generate(self.loaded, request, cancel)
+
+    def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
+        cancel = self._prefill_cancel
+        with self._lock:  # after the answer (and its own prefill) let go of the model
+            if not cancel.is_set():
+                prefill_next_turn(self.loaded, request, cancel, draft)
+
+    def stop_prefill(self) -> None:
+        self._prefill_cancel.set()
+
+    def forget_history(self) -> None:
+        self.loaded.prompt_cache.clear()
+
+    def unload(self) -> None:
+        self._prefill_cancel.set()
+        self.loaded.unload()
+
+
+class ClusterBackend:
+    """The instance the coordinator runs across nodes. The coordinator lives on `loop`; the
+    chunks come to the caller's thread through a queue, and a coordinator that fails ends the
+    answer with an error chunk, not with silence."""
+
+    def __init__(
+        self, coordinator: Coordinating, card: ModelCard, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.coordinator = coordinator
+        self._card = card
+        self._loop = loop
+
+    @property
+    def card(self) -> ModelCard:
+        return self._card
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        """From any thread but the loop's."""
+        chunks: queue.Queue[Chunk | None] = queue.Queue()
+
+        async def pump() -> None:
+            try:
+                async for chunk in self.coordinator.chat(request, cancel):
+                    chunks.put(chunk)
+            finally:
+                chunks.put(None)
+
+        pumping = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        while (chunk := chunks.get()) is not None:
+            yield chunk
+        error = None if pumping.cancelled() else pumping.exception()
+        if isinstance(error, EngineError):
+            yield from failure_chunks(str(error))
+        elif error is not None:  # a bug or a lost connection: still said, not an empty answer
+            yield from failure_chunks(f"{type(error).__name__}: {error}")
+
+    def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
+        """Nothing: the ranks keep their own caches."""
+
+    def stop_prefill(self) -> None:
+        """Nothing is prefilled."""
+
+    def forget_history(self) -> None:
+        """Nothing is cached here."""
+
+    def unload(self) -> None:
+        """Stop the instance on every node (from any thread; it is not waited for)."""
+        asyncio.run_coroutine_threadsafe(self.coordinator.stop(), self._loop)
+
+
+class RingBackend:
+    """A ring of local runner processes (`exo-tui chat --ranks N`): its rank 0 answers."""
+
+    def __init__(self, card: ModelCard, chat: GenerateFn, close: Callable[[], None]) -> None:
+        self._card = card
+        self._chat = chat
+        self._close = close
+
+    @property
+    def card(self) -> ModelCard:
+        return self._card
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        return self._chat(request, cancel)
+
+    def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
+        """Nothing: the ranks keep their own caches."""
+
+    def stop_prefill(self) -> None:
+        """Nothing is prefilled."""
+
+    def forget_history(self) -> None:
+        """Nothing is cached here."""
+
+    def unload(self) -> None:
+        self._close()
