@@ -75,6 +75,7 @@ class Conversation:
         self._cancel = threading.Event()
         self._draft_timer: Timer | None = None
         self._save_problem: str | None = None  # the one the user was last told of
+        self._deleted: set[str] = set()  # chats deleted while open: a late turn is not saved
 
     def open_store(self, chat_db: Path | None) -> str | None:
         """Open the history; a notice for the user, if the store has one."""
@@ -146,7 +147,7 @@ class Conversation:
             added = ENGINE_THREAD.run(lambda: self.stream_turn(backend, request, answer, cancel))
             # Saved here, not from TurnEnded: a quit mid-answer still saves what was answered;
             # and off the MLX thread, so a store waiting out a lock does not hold up the model.
-            if self.unsaved is not None:
+            if self.unsaved is not None and chat.id not in self._deleted:
                 self.unsaved.add(chat, (*opening, *(added or [])))
                 self._app.post_message(HistorySaved(self.unsaved.save()))
             if added is not None:
@@ -257,6 +258,19 @@ class Conversation:
         self._app.query_one(ChatPane).remove_children()
         if self.backend is not None:
             self.backend.forget_history()
+
+    def chat_deleted(self, chat_id: str) -> None:
+        """A chat was deleted from the store: its waiting turns go, and if it was the open one,
+        the next message starts a new chat (an answer still streaming finishes on screen)."""
+        self._deleted.add(chat_id)
+        if self.unsaved is not None:
+            self.unsaved.forget(chat_id)
+        if self.summary is not None and self.summary.id == chat_id:
+            self.summary = None
+            self.messages = []
+            if not self.generating:
+                self._app.query_one(ChatPane).remove_children()
+            self._app.notify("The open chat was deleted: the next message starts a new one.")
 
     def reopen(self, chat: ChatSummary, stored: list[Message]) -> None:
         """Show `chat`: what the store holds of it, then its turns still waiting to be saved."""

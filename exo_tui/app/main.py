@@ -304,11 +304,16 @@ class ExoTuiApp(App[None]):
     async def _prompt(self, event: PromptInput.Submitted) -> None:
         can_answer = self.state.instance_status != "failed"  # failed: launch again
         shown = await self.conversation.submit(event.text, can_answer)
-        if shown is None:
+        if shown is None:  # refused: the text goes back into the prompt, nothing is lost
+            event.prompt_input.give_back(event.text)
             return
         for node_id in self._serving_nodes():
             self.dispatch(GenerationStarted(node_id=node_id))
         await shown
+
+    @on(ChatsScreen.Deleted)
+    def _chat_deleted(self, message: ChatsScreen.Deleted) -> None:
+        self.conversation.chat_deleted(message.chat_id)
 
     @on(PromptInput.Changed)
     def _draft_changed(self, event: PromptInput.Changed) -> None:

@@ -47,6 +47,11 @@ class UnsavedTurns:
             self.problem = None
             return None
 
+    def forget(self, chat_id: str) -> None:
+        """Drop the waiting turns of a chat the user deleted."""
+        with self._lock:
+            self._turns = [turn for turn in self._turns if turn[0].id != chat_id]
+
     @property
     def waiting(self) -> int:
         """How many messages wait to be saved."""

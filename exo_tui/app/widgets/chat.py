@@ -550,6 +550,11 @@ class PromptInput(TextArea):
         self.clear()
         self.post_message(self.Submitted(self, text))
 
+    def give_back(self, text: str) -> None:
+        """A send was refused: put its text back, before anything typed since."""
+        typed = self.text
+        self._load(f"{text}\n{typed}" if typed.strip() else text)
+
     def action_newline(self) -> None:
         if not self.read_only:
             start, end = self.selection

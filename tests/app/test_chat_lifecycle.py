@@ -1,0 +1,57 @@
+"""The open chat in the app: deleting it starts a new one; a refused send keeps its text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exo_tui.app.screens.chats import ChatsScreen
+from exo_tui.app.widgets.chat import PromptInput, StatsLine, UserMessage
+from tests.app.helpers import wait_until
+from tests.app.test_app import SIZE, launch, make_app
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_deleting_the_open_chat_then_sending_starts_a_new_chat(models_dir: Path) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(app, pilot)
+        await pilot.click(PromptInput)
+        await pilot.press(*"Hello", "enter")
+        await wait_until(pilot, lambda: bool(app.query(StatsLine)))
+        store, chat = app.conversation.store, app.conversation.summary
+        assert store is not None and chat is not None
+        await wait_until(pilot, lambda: any(c.id == chat.id for c in store.list_chats()))
+
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        await pilot.press("delete", "delete")
+        await wait_until(pilot, lambda: not store.list_chats())
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ChatsScreen))
+        assert not app.query(UserMessage)  # the deleted chat is off the screen
+
+        await pilot.click(PromptInput)
+        await pilot.press(*"Again", "enter")
+        await wait_until(pilot, lambda: bool(app.query(StatsLine)))
+        assert app.is_running
+        again = app.conversation.summary
+        assert again is not None and again.id != chat.id
+        await wait_until(pilot, lambda: [c.id for c in store.list_chats()] == [again.id])
+        assert [m.content for m in store.messages(again.id) if m.role == "user"] == ["Again"]
+
+
+async def test_a_send_refused_without_a_model_keeps_the_text(models_dir: Path) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.selection.card is not None)
+        prompt = app.query_one(PromptInput)
+        await pilot.click(PromptInput)
+        await pilot.press(*"hello", "enter")
+        await wait_until(
+            pilot, lambda: any("Launch a model first" in n.message for n in app._notifications)
+        )
+        await wait_until(pilot, lambda: prompt.text == "hello")
+        assert not app.query(UserMessage)
