@@ -4,19 +4,50 @@ from __future__ import annotations
 
 from textual.binding import Binding
 
+# The tooltip says what the action does: the command palette shows it under the name.
 APP_BINDINGS: list[Binding] = [
-    Binding("ctrl+o", "pick_model", "Model", id="app.pick_model"),
-    Binding("ctrl+t", "toggle_strategy", "Strategy", id="app.toggle_strategy"),
-    Binding("ctrl+l", "launch", "Launch", id="app.launch"),
-    Binding("f2", "choose_nodes", "Nodes", id="app.choose_nodes"),
+    Binding("ctrl+o", "pick_model", "Model", id="app.pick_model", tooltip="Pick a model to run"),
+    Binding(
+        "ctrl+t",
+        "toggle_strategy",
+        "Strategy",
+        id="app.toggle_strategy",
+        tooltip="Switch between pipeline and tensor sharding",
+    ),
+    Binding("ctrl+l", "launch", "Launch", id="app.launch", tooltip="Load the placement shown"),
+    Binding(
+        "f2", "choose_nodes", "Nodes", id="app.choose_nodes", tooltip="Choose the nodes to place on"
+    ),
     # Priority: the prompt (a TextArea) would take Ctrl+U as "delete to line start".
-    Binding("ctrl+u", "unload", "Unload", id="app.unload", priority=True),
-    Binding("escape", "stop", "Stop", id="app.stop"),
-    Binding("ctrl+n", "new_chat", "New chat", id="app.new_chat"),
-    Binding("ctrl+r", "chats", "Chats", id="app.chats"),
-    Binding("ctrl+s", "export_chat", "Export chat", id="app.export_chat", show=False),
-    Binding("f3", "copy_answer", "Copy answer", id="app.copy_answer", show=False),
-    Binding("f1", "help", "Help", id="app.help"),
+    Binding(
+        "ctrl+u", "unload", "Unload", id="app.unload", priority=True, tooltip="Unload the model"
+    ),
+    Binding(
+        "escape", "stop", "Stop", id="app.stop", tooltip="Stop the answer, the load or the download"
+    ),
+    Binding("ctrl+n", "new_chat", "New chat", id="app.new_chat", tooltip="Start a new chat"),
+    Binding(
+        "ctrl+r", "chats", "Chats", id="app.chats", tooltip="Reopen, rename, delete or export chats"
+    ),
+    Binding(
+        "ctrl+s",
+        "export_chat",
+        "Export chat",
+        id="app.export_chat",
+        show=False,
+        tooltip="Export this chat to Markdown",
+    ),
+    Binding(
+        "f3",
+        "copy_answer",
+        "Copy answer",
+        id="app.copy_answer",
+        show=False,
+        tooltip="Copy the last answer to the clipboard",
+    ),
+    Binding("f1", "help", "Help", id="app.help", tooltip="What exo-tui is, and every key"),
     Binding("question_mark", "help", "Help", id="app.help_key", show=False),
-    Binding("ctrl+q", "quit", "Quit", id="app.quit"),
+    Binding("ctrl+q", "quit", "Quit", id="app.quit", tooltip="Quit exo-tui"),
 ]
+# Not in the palette: the same action as another binding, or one Textual's palette lists.
+PALETTE_SKIPS = frozenset({"app.help_key", "app.quit"})

@@ -19,6 +19,7 @@ from engine.loading import run_loading
 from engine.types import ChatRequest, Message, ReasoningChunk, TextChunk
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
+from exo_tui.app.keys import shown
 from exo_tui.app.messages import HistorySaved, TurnEnded
 from exo_tui.app.pacing import RedrawPacer
 from exo_tui.app.unsaved import UnsavedTurns
@@ -91,10 +92,10 @@ class Conversation:
         can answer it now. `can_answer`: whether the backend's instance still runs."""
         backend = self.backend
         if backend is None or not can_answer:
-            self._app.notify("Launch a model first (Ctrl+L).", severity="warning")
+            self._app.notify(f"Launch a model first ({shown('app.launch')}).", severity="warning")
             return None
         if self.generating:
-            self._app.notify("Still answering; Esc stops it.")
+            self._app.notify(f"Still answering; {shown('app.stop')} stops it.")
             return None
         # The engine starts first: storing the turn and putting it on screen overlap its prefill.
         user = Message(role="user", content=text)

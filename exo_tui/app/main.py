@@ -18,19 +18,20 @@ from typing import ClassVar
 
 from textual import on
 from textual.app import App, SystemCommand
-from textual.binding import BindingType
+from textual.binding import Binding, BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
 from engine.generate import wait_for_streams
 from exo_tui.app import garbage
-from exo_tui.app.bindings import APP_BINDINGS
+from exo_tui.app.bindings import APP_BINDINGS, PALETTE_SKIPS
 from exo_tui.app.conversation import Conversation
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.failures import cluster_failure
 from exo_tui.app.inflight import WorkInFlight
-from exo_tui.app.keymap import KeymapError, load_keymap
+from exo_tui.app.keymap import KeymapError, binding_scopes, load_keymap
+from exo_tui.app.keys import pretty, shown, use_keymap
 from exo_tui.app.messages import ClusterChanged, HistorySaved, TurnEnded
 from exo_tui.app.pacing import thread_cpu_clock
 from exo_tui.app.screens.chats import ChatsScreen, write_export
@@ -102,6 +103,7 @@ class ExoTuiApp(App[None]):
         self._chat_db = chat_db
         self.state = ClusterState()
         self.selection = Selection()
+        self._keymap_applied: dict[str, str] = {}  # binding id -> keys, from keys.toml
         self._in_flight = WorkInFlight()
         self._switch_interval = sys.getswitchinterval()  # put back when the app ends
         self._screen_cpu: Callable[[], float] | None = None  # paces streamed text (on mount)
@@ -213,11 +215,10 @@ class ExoTuiApp(App[None]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         for binding in APP_BINDINGS:
-            if binding.description and binding.show:
-                key = self.get_key_display(binding)
+            if binding.id and binding.id not in PALETTE_SKIPS:
                 yield SystemCommand(
-                    f"{binding.description} ({key})",
-                    f"{binding.id}",
+                    f"{binding.description} ({shown(binding.id)})",
+                    binding.tooltip or binding.description,
                     getattr(self, f"action_{binding.action}"),
                 )
 
@@ -273,7 +274,7 @@ class ExoTuiApp(App[None]):
 
     def action_unload(self) -> None:
         if self.conversation.generating:
-            self.notify("Stop the answer first (Esc).")
+            self.notify(f"Stop the answer first ({shown('app.stop')}).")
             return
         self.main.cancel_load()
         across = self._node is not None and self._node.coordinator.instance is not None
@@ -341,7 +342,7 @@ class ExoTuiApp(App[None]):
 
     def action_new_chat(self) -> None:
         if self.conversation.generating:
-            self.notify("Stop the answer first (Esc).")
+            self.notify(f"Stop the answer first ({shown('app.stop')}).")
             return
         self.conversation.new_chat()
 
@@ -407,18 +408,30 @@ class ExoTuiApp(App[None]):
 
     def action_help(self) -> None:
         rows = [
-            (self.get_key_display(b), b.description, b.id or "")
-            for b in APP_BINDINGS
-            if b.description and b.id != "app.help_key"
+            (
+                ", ".join(pretty(key) for key in self._keys_of(b).split(",")),
+                b.description,
+                b.id or "",
+            )
+            for bindings in binding_scopes().values()
+            for b in bindings
+            if b.id and b.description
         ]
         self.push_screen(HelpScreen(rows))
 
     def _apply_keymap(self) -> None:
         path = config_dir() / "keys.toml"
         try:
-            self.set_keymap(load_keymap(path))
+            keymap = load_keymap(path)
         except KeymapError as error:
             self.notify(str(error), severity="error", timeout=15)
+            keymap = {}
+        use_keymap(keymap)
+        self._keymap_applied = keymap
+        self.set_keymap(keymap)
+
+    def _keys_of(self, binding: Binding) -> str:
+        return self._keymap_applied.get(binding.id or "", binding.key)
 
 
 def run_app(

@@ -13,6 +13,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label
 
+from exo_tui.app.keys import shown
 from exo_tui.store.chats import ChatStore, ChatStoreError, ChatSummary
 
 
@@ -57,7 +58,12 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="chats"):
-            yield Label("Chats  [dim]Enter opens · F2 renames · Del deletes · Ctrl+S exports[/]")
+            keys = [shown(f"chats.{name}", self.BINDINGS) for name in ("open", "rename", "delete")]
+            export = shown("chats.export", self.BINDINGS)
+            yield Label(
+                f"Chats  [dim]{keys[0]} opens · {keys[1]} renames · {keys[2]} deletes · "
+                f"{export} exports[/]"
+            )
             yield DataTable(id="chats-table", cursor_type="row")
             yield Label("", id="chats-confirm")
             yield Input(placeholder="new title, Enter to save", id="chats-rename")
@@ -141,7 +147,8 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         self._armed = chat.id
         messages = "1 message" if chat.message_count == 1 else f"{chat.message_count} messages"
         confirm = self.query_one("#chats-confirm", Label)
-        confirm.update(f"Delete “{chat.title}” ({messages})? [b]Del[/] again deletes it.")
+        again = shown("chats.delete", self.BINDINGS)
+        confirm.update(f"Delete “{chat.title}” ({messages})? [b]{again}[/] again deletes it.")
         confirm.display = True
 
     def _disarm(self) -> None:

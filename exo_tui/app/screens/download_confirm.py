@@ -13,6 +13,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from exo_tui.app.keys import shown
 from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.hub.catalogue import CatalogueEntry, cache_folder
 
@@ -77,10 +78,13 @@ class DownloadConfirm(ModalScreen[Choice]):
             yield Static(
                 download_summary(self._entry, self._fits, self._fit_note), id="download-summary"
             )
-            keys = "[b]Enter[/] downloads it all here · [b]Esc[/] cancels"
+            confirm, cancel, shares = (
+                shown(f"download.{name}", self.BINDINGS) for name in ("confirm", "cancel", "shares")
+            )
+            keys = f"[b]{confirm}[/] downloads it all here · [b]{cancel}[/] cancels"
             if self._node_count > 1:
                 keys += (
-                    f"\n[b]S[/] chooses it: at launch each of the {self._node_count} nodes\n"
+                    f"\n[b]{shares}[/] chooses it: at launch each of the {self._node_count} nodes\n"
                     "downloads only the files of its layers"
                 )
             yield Label(keys, id="download-keys")

@@ -10,6 +10,9 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Markdown
 
+from exo_tui.app.keys import shown
+from exo_tui.app.widgets.chat import PromptInput
+
 ABOUT = """\
 # exo-tui
 
@@ -20,7 +23,7 @@ each other over mDNS, or name one with `--peer host:port`.
 2. **Strategy** — *pipeline* gives each node a contiguous range of layers, sized by memory;
    *tensor* splits every layer across the nodes.
 3. **Launch** — each node loads its layers; the bars show them land.
-4. **Chat** — Enter sends, Ctrl+J adds a line, Esc stops the answer. Tool calls run live.
+4. **Chat** — {send} sends, {newline} adds a line, {stop} stops the answer. Tool calls run live.
 """
 
 
@@ -37,7 +40,12 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help"):
-            yield Markdown(ABOUT)
+            keys = {
+                "send": shown("prompt.send", PromptInput.BINDINGS),
+                "newline": shown("prompt.newline", PromptInput.BINDINGS),
+                "stop": shown("app.stop"),
+            }
+            yield Markdown(ABOUT.format(**keys))
             yield DataTable(id="help-keys", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:

@@ -30,6 +30,7 @@ from exo_tui.app import garbage
 from exo_tui.app.conversation import Conversation
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
+from exo_tui.app.keys import shown
 from exo_tui.app.messages import ClusterChanged, ModelLoaded
 from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
@@ -142,18 +143,19 @@ class MainScreen(Screen[None]):
         status = state.instance_status
         if status is None:
             placed = isinstance(self._host.selection.placement, Placement)
-            return Text("Ctrl+L launches" if placed else "", style="dim")
+            return Text(f"{shown('app.launch')} launches" if placed else "", style="dim")
         if status == "loading":
             started = self._load_started
             elapsed = "" if started is None else f" {time.monotonic() - started:.1f} s"
             fetching = any(n.runner.state == "downloading" for n in state.nodes)
             doing = "downloading" if fetching else "loading"
-            return Text(f"{doing}…{elapsed} (Esc cancels)")
+            return Text(f"{doing}…{elapsed} ({shown('app.stop')} cancels)")
         if status == "failed" and state.instance is not None:
             reason = state.instance.failed_reason or "a node failed"
-            return Text(f"failed: {reason}. Ctrl+L places and launches again.", style="red")
+            again = f"{shown('app.launch')} places and launches again"
+            return Text(f"failed: {reason}. {again}.", style="red")
         if status in ("ready", "generating"):
-            return Text(f"{status} · Ctrl+U unloads", style="green")
+            return Text(f"{status} · {shown('app.unload')} unloads", style="green")
         return Text(status)
 
     # Models
@@ -235,7 +237,10 @@ class MainScreen(Screen[None]):
     def _offer_download(self, entry: CatalogueEntry, fits: bool, fit_note: str) -> None:
         panel = self.query_one(DownloadPanel)
         if panel.active:
-            self.notify(f"{panel.repo_id} is downloading; Esc cancels it.", severity="warning")
+            self.notify(
+                f"{panel.repo_id} is downloading; {shown('app.stop')} cancels it.",
+                severity="warning",
+            )
             return
 
         def confirmed(choice: Choice) -> None:
@@ -243,7 +248,10 @@ class MainScreen(Screen[None]):
                 panel.start(entry.repo)
             elif choice == "shares":
                 self.choose_model(entry_card(entry))
-                self.notify(f"{entry.repo} chosen: Ctrl+L downloads each node's share and loads.")
+                self.notify(
+                    f"{entry.repo} chosen: {shown('app.launch')} downloads each node's share "
+                    "and loads."
+                )
 
         nodes = len(self._host.selection.candidates(self._host.state))
         self.app.push_screen(DownloadConfirm(entry, fits, fit_note, nodes), confirmed)
@@ -283,10 +291,10 @@ class MainScreen(Screen[None]):
         host = self._host
         card = host.selection.card
         if card is None:
-            self.notify("Pick a model first (Ctrl+O).", severity="warning")
+            self.notify(f"Pick a model first ({shown('app.pick_model')}).", severity="warning")
             return
         if host.state.instance_status in ("loading", "ready", "generating"):
-            self.notify("A model is loaded or loading; Ctrl+U unloads it first.")
+            self.notify(f"A model is loaded or loading; {shown('app.unload')} unloads it first.")
             return
         if host.state.instance is not None:  # failed: place again on the nodes that are left
             host.dispatch(InstanceCleared())
@@ -418,8 +426,10 @@ def cannot_load_alone(card: ModelCard) -> str:
     try:
         require_weight_files(Path(card.path), name=card.name)
     except EngineError as error:
-        return f"{alone}: {error}. F2 places it across the nodes that hold the rest."
+        nodes = shown("app.choose_nodes")
+        return f"{alone}: {error}. {nodes} places it across the nodes that hold the rest."
     return (
-        f"{alone}. Place it across the nodes that hold the rest (F2), or download it: "
+        f"{alone}. Place it across the nodes that hold the rest ({shown('app.choose_nodes')}), "
+        "or download it: "
         "exo-tui models download"
     )

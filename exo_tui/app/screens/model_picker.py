@@ -15,6 +15,7 @@ from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from engine.types import ModelCard
+from exo_tui.app.keys import shown
 from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.hub.catalogue import CatalogueEntry
 
@@ -91,7 +92,10 @@ class ModelPicker(ModalScreen[PickerEntry | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="picker"):
-            yield Label("Pick a model  [dim](type to filter, Enter to choose, Esc to cancel)[/]")
+            cancel = shown("picker.cancel", self.BINDINGS)
+            yield Label(
+                f"Pick a model  [dim](type to filter, Enter to choose, {cancel} to cancel)[/]"
+            )
             yield Input(placeholder="filter", id="picker-filter")
             yield OptionList(id="picker-list")
             if not self._entries:

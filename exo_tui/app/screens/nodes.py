@@ -11,6 +11,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, SelectionList
 
+from exo_tui.app.keys import shown
 from exo_tui.cluster.control.state import NodeView
 
 GB = 1e9
@@ -37,9 +38,12 @@ class NodesScreen(ModalScreen[tuple[str, ...] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="nodes-chooser"):
+            every, apply, cancel = (
+                shown(f"nodes.{name}", self.BINDINGS) for name in ("all", "apply", "cancel")
+            )
             yield Label(
-                "Place on these nodes  [dim](Space ticks, A ticks all, Enter applies, Esc "
-                "cancels; ring order is the order ticked)[/]"
+                f"Place on these nodes  [dim](Space ticks, {every} ticks all, {apply} applies, "
+                f"{cancel} cancels; ring order is the order ticked)[/]"
             )
             yield SelectionList[str](id="nodes-list")
 

@@ -31,6 +31,7 @@ from engine.types import (
     ToolResult,
 )
 from engine.types import Message as ChatMessage
+from exo_tui.app.keys import shown
 
 ToolStatus = Literal["running", "ok", "error", "done"]
 
@@ -501,7 +502,7 @@ class PromptInput(TextArea):
         text: str = "",
         *,
         history: Sequence[str] = (),
-        placeholder: str = "Ask anything (Enter sends, Ctrl+J new line)",
+        placeholder: str | None = None,
         id: str | None = None,
         classes: str | None = None,
     ) -> None:
@@ -510,13 +511,18 @@ class PromptInput(TextArea):
             soft_wrap=True,
             tab_behavior="focus",
             highlight_cursor_line=False,
-            placeholder=placeholder,
+            placeholder=placeholder if placeholder is not None else self._placeholder(),
             id=id,
             classes=classes,
         )
         self._history = list(history)
         self._history_index = len(self._history)
         self._draft = ""
+
+    @classmethod
+    def _placeholder(cls) -> str:
+        send, newline = (shown(f"prompt.{name}", cls.BINDINGS) for name in ("send", "newline"))
+        return f"Ask anything ({send} sends, {newline} new line)"
 
     @property
     def prompt_history(self) -> list[str]:

@@ -22,6 +22,7 @@ from textual.worker import get_current_worker
 
 from engine.errors import EngineError
 from engine.loading import run_loading
+from exo_tui.app.keys import shown
 from exo_tui.app.widgets import quiet
 from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.hub.downloads import DownloadCancelled, DownloadProgress, download
@@ -108,7 +109,7 @@ class DownloadPanel(Vertical):
         quiet.show(self.query_one("#download-file", Static), "")
         quiet.show(
             self.query_one("#download-hint", Static),
-            Text("Esc cancels; a retry resumes", style="dim"),
+            Text(f"{shown('app.stop')} cancels; a retry resumes", style="dim"),
         )
         for bar in self.query(ProgressBar):
             bar.update(total=1, progress=0)

@@ -14,6 +14,7 @@ from textual.message import Message
 from textual.widgets import RadioButton, RadioSet, Static
 
 from engine.types import ModelCard, Strategy
+from exo_tui.app.keys import shown
 from exo_tui.app.screens.model_picker import describe
 from exo_tui.app.widgets import quiet
 from exo_tui.cluster.control.placement import PlacedShard, Placement, PlacementError, format_bytes
@@ -52,6 +53,10 @@ def preview_key(placement: Placement | PlacementError | None, names: Mapping[str
     return ("error", placement.message, tuple(f.describe() for f in placement.shortfalls), shards)
 
 
+def no_model() -> str:
+    return f"No model chosen — {shown('app.pick_model')} picks one"
+
+
 class LaunchPanel(Vertical):
     """Shows what would load where before anything loads; posts the strategy the user picks."""
 
@@ -61,7 +66,7 @@ class LaunchPanel(Vertical):
             self.strategy: Strategy = strategy
 
     def compose(self) -> ComposeResult:
-        yield Static("No model chosen — Ctrl+O picks one", id="launch-model")
+        yield Static(no_model(), id="launch-model")
         with RadioSet(id="strategy"):
             yield RadioButton(
                 "pipeline: layer ranges by memory", value=True, id="strategy-pipeline"
@@ -83,7 +88,7 @@ class LaunchPanel(Vertical):
     ) -> None:
         model = self.query_one("#launch-model", Static)
         if card is None:
-            quiet.show(model, "No model chosen — Ctrl+O picks one")
+            quiet.show(model, no_model())
         else:
             quiet.show(model, Text.assemble((card.name, "bold"), "\n", describe(card)))
         tensor = self.query_one("#strategy-tensor", RadioButton)
