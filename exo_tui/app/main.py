@@ -62,6 +62,7 @@ from exo_tui.hub.catalogue import CatalogueEntry, load_catalogue
 from exo_tui.rate import NoticeRate
 from exo_tui.store.chats import ChatStoreError, ChatSummary, render_markdown
 from exo_tui.store.paths import config_dir, data_dir
+from exo_tui.store.settings import load_settings, save_settings
 
 # How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The
 # engine's thread needs it for a moment each token, between computations that run without it;
@@ -104,6 +105,7 @@ class ExoTuiApp(App[None]):
         self.state = ClusterState()
         self.selection = Selection()
         self._keymap_applied: dict[str, str] = {}  # binding id -> keys, from keys.toml
+        self._theme_remembered = False  # the saved theme is read at mount, then each change kept
         self._in_flight = WorkInFlight()
         self._switch_interval = sys.getswitchinterval()  # put back when the app ends
         self._screen_cpu: Callable[[], float] | None = None  # paces streamed text (on mount)
@@ -121,6 +123,19 @@ class ExoTuiApp(App[None]):
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         self._screen_cpu = thread_cpu_clock(threading.current_thread())
         self._apply_keymap()
+        theme = load_settings().theme
+        if theme in self.available_themes:
+            self.theme = theme
+        self._theme_remembered = True
+
+    def watch_theme(self, theme: str) -> None:
+        """Remember the theme the user picks (in the palette) for the next run."""
+        if not self._theme_remembered:
+            return
+        try:
+            save_settings(load_settings().model_copy(update={"theme": theme}))
+        except OSError as error:
+            self.notify(f"The theme will not be remembered: {error}", severity="warning")
 
     @on(MainScreen.Ready)
     def _start(self) -> None:
@@ -349,6 +364,9 @@ class ExoTuiApp(App[None]):
     def action_chats(self) -> None:
         store = self.conversation.store
         if store is None:
+            return
+        if self.conversation.generating:  # one rule with a new chat: not while answering
+            self.notify(f"Stop the answer first ({shown('app.stop')}).")
             return
 
         def reopen(chat: ChatSummary | None) -> None:

@@ -14,7 +14,7 @@ from engine.types import ModelCard
 from exo_tui.cluster.control.state import Backend, ClusterState, NodeStats
 from exo_tui.cluster.identity import NodeIdentity
 
-GIB = 2**30
+GB = 1_000_000_000  # decimal, as every other figure of memory is shown
 
 
 def local_backend() -> Backend:
@@ -58,12 +58,12 @@ def cluster_summary(state: ClusterState, model: str | None) -> dict[str, Any]:
                 "backend": n.stats.backend,
                 "blas": n.stats.blas.split(" ", 1)[0],
                 "cpu_kernels": n.stats.kernels.split(" ", 1)[0],
-                "memory_total_gb": round(n.stats.memory_total_bytes / GIB, 1),
-                "memory_available_gb": round(n.stats.memory_available_bytes / GIB, 1),
+                "memory_total_gb": round(n.stats.memory_total_bytes / GB, 1),
+                "memory_available_gb": round(n.stats.memory_available_bytes / GB, 1),
             }
             for n in nodes
         ],
-        "total_memory_gb": round(total / GIB, 1),
-        "available_memory_gb": round(available / GIB, 1),
+        "total_memory_gb": round(total / GB, 1),
+        "available_memory_gb": round(available / GB, 1),
         "model": model,
     }

@@ -17,6 +17,7 @@ from exo_tui.chat.tools import (
     calculate,
     local_cluster_status,
 )
+from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.cluster.control.state import ClusterState, NodeSeen, NodeStats, apply
 from exo_tui.cluster.this_machine import cluster_summary
 
@@ -85,15 +86,16 @@ def test_cluster_status_reads_the_live_state() -> None:
         blas="accelerate",
         memory_total_bytes=64 * 2**30,
         memory_available_bytes=40 * 2**30,
-    )
+    )  # 68.7 and 42.9 GB: one unit, the decimal GB the node panel shows too
     state = apply(ClusterState(), NodeSeen(stats=stats, at=0.0))
     registry = builtin_registry(lambda: cluster_summary(state, "demo"))
     content, ok = registry.run("cluster_status", {})
     assert ok
     status = json.loads(content)
     assert status["nodes"][0]["name"] == "studio"
-    assert status["total_memory_gb"] == 64.0
-    assert status["available_memory_gb"] == 40.0
+    assert status["total_memory_gb"] == 68.7
+    assert status["available_memory_gb"] == 42.9
+    assert format_bytes(stats.memory_total_bytes) == "68.7 GB"
     assert status["model"] == "demo"
 
 
