@@ -27,6 +27,7 @@ from engine.types import LoadProgress, ModelCard
 
 Loading = Generator[LoadProgress, None, "LoadedModel"]
 Loaded = TypeVar("Loaded")
+Progress = TypeVar("Progress")
 # The lazily built model and its config in, the layers this process must materialise out.
 PrepareLayers = Callable[[nn.Module, dict[str, Any]], Sequence[nn.Module]]
 
@@ -143,11 +144,11 @@ def load_model(
 
 
 def run_loading(
-    loading: Generator[LoadProgress, None, Loaded],
-    on_progress: Callable[[LoadProgress], None] | None = None,
+    loading: Generator[Progress, None, Loaded],
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> Loaded:
-    """Run a loading generator (a model's, a shard's, a ring's) to the end, handing each report
-    to `on_progress`; its result."""
+    """Run a progress generator (a model's loading, a shard's, a ring's, a download) to the end,
+    handing each report to `on_progress`; its result."""
     while True:
         try:
             progress = next(loading)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
+from engine.loading import run_loading
 from exo_tui.hub.catalogue import find_entry
 from exo_tui.hub.downloads import Downloading, DownloadProgress, download
 
@@ -129,12 +130,7 @@ def download_with_progress(
     )
     out = JsonDownload() if as_json else RichDownload(repo_id)
     try:
-        while True:
-            try:
-                out.progress(next(downloading))
-            except StopIteration as done:
-                snapshot: Path = done.value
-                break
+        snapshot = run_loading(downloading, out.progress)
     except KeyboardInterrupt:
         cancel.set()
         downloading.close()  # the download threads stop; partial files stay for next time
