@@ -281,6 +281,7 @@ def start_node(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from engine.errors import EngineError
+    from exo_tui.hub.errors import HubError
 
     try:
         if args.command == "chat":
@@ -305,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_app(
             model=args.model, models_dirs=args.models_dir, load=args.load, cluster=cluster
         )
-    except EngineError as error:
+    except (EngineError, HubError) as error:
         print(f"exo-tui: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

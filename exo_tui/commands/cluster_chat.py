@@ -33,6 +33,7 @@ from exo_tui.cluster.control.state import (
     apply,
 )
 from exo_tui.cluster.node import ClusterSetup, machine_node
+from exo_tui.hub.errors import HubError
 
 if TYPE_CHECKING:
     from exo_tui.chat.tools import ToolRegistry
@@ -97,9 +98,11 @@ def run_chat_on_cluster(
         raise _first_engine_error(group) or listen_error(group, setup.options) or group from None
 
 
-def _first_engine_error(group: BaseExceptionGroup[BaseException]) -> EngineError | None:
+def _first_engine_error(
+    group: BaseExceptionGroup[BaseException],
+) -> EngineError | HubError | None:
     for error in group.exceptions:
-        if isinstance(error, EngineError):
+        if isinstance(error, EngineError | HubError):
             return error
         if isinstance(error, BaseExceptionGroup):
             found = _first_engine_error(error)  # pyright: ignore[reportUnknownArgumentType]

@@ -43,6 +43,7 @@ from exo_tui.cluster.wire.protocol import (
     handshake_client,
     handshake_server,
 )
+from exo_tui.hub.progress import DownloadProgress
 
 pytestmark = pytest.mark.anyio
 
@@ -88,7 +89,10 @@ EVERY_FRAME: list[Frame] = [
     FetchShard(
         instance_id="i1", repo_id="mlx-community/Qwen3-0.6B-4bit", layers=(0, 14), total_layers=28
     ),
-    FetchProgress(instance_id="i1", bytes_done=1, bytes_total=2, files_done=0, files_total=3),
+    FetchProgress(
+        instance_id="i1",
+        progress=DownloadProgress(bytes_done=1, bytes_total=2, files_done=0, files_total=3),
+    ),
     FetchDone(instance_id="i1"),
 ]
 

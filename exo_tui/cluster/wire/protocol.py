@@ -44,10 +44,12 @@ from engine.parallel import ShardSpec
 from engine.types import ChatRequest, Chunk, Frozen
 from exo_tui.cluster.control.state import NodeStats
 from exo_tui.cluster.wire.sealed import SealBroken, SealedChannel
+from exo_tui.hub.progress import DownloadProgress
 from exo_tui.untrusted import shown
 
-# 2: per-node downloads (FetchShard ...), partial models in cards; 3: sealed sessions
-PROTOCOL_VERSION = 3
+# 2: per-node downloads (FetchShard ...), partial models in cards; 3: sealed sessions;
+# 4: download progress as one nested type (FetchProgress.progress)
+PROTOCOL_VERSION = 4
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 # Until the handshake ends, frames come from anyone: an opening with a long name is under 1 KiB.
 MAX_HANDSHAKE_FRAME_BYTES = 8 * 1024
@@ -165,11 +167,7 @@ class FetchProgress(Frozen):
 
     type: Literal["fetch_progress"] = "fetch_progress"
     instance_id: str
-    file: str = ""  # the file landing now
-    bytes_done: int = Field(ge=0)
-    bytes_total: int = Field(ge=0)
-    files_done: int = Field(ge=0)
-    files_total: int = Field(ge=0)
+    progress: DownloadProgress
 
 
 class FetchDone(Frozen):

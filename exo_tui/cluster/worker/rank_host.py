@@ -51,7 +51,8 @@ from exo_tui.cluster.wire.protocol import (
     StopInstance,
 )
 from exo_tui.cluster.worker.local_ring import LocalRing, RingError, failure_chunks, free_ports
-from exo_tui.hub.downloads import DownloadError, download
+from exo_tui.hub.downloads import download
+from exo_tui.hub.errors import DownloadError
 
 log = logging.getLogger(__name__)
 
@@ -231,17 +232,10 @@ class RankHost:
             )
             for event in downloading:
                 now = time.monotonic()
-                if now - last_report < FETCH_REPORT_S and event.bytes_done < event.total:
+                if now - last_report < FETCH_REPORT_S and event.bytes_done < event.bytes_total:
                     continue
                 last_report = now
-                report = FetchProgress(
-                    instance_id=iid,
-                    file=event.file,
-                    bytes_done=event.bytes_done,
-                    bytes_total=event.total,
-                    files_done=event.files_done,
-                    files_total=event.files_total,
-                )
+                report = FetchProgress(instance_id=iid, progress=event)
                 anyio.from_thread.run(self._send, owner.node_id, report)
 
         try:
