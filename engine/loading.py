@@ -21,7 +21,8 @@ from engine import attention, blas, kernels
 from engine.errors import ModelFormatError
 from engine.harmony import stop_token_ids
 from engine.kernels import routing
-from engine.models import read_card, require_weight_files
+from engine.models.cards import read_card
+from engine.models.weights import require_weight_files
 from engine.prompt_cache import ConversationCache
 from engine.types import LoadProgress, ModelCard
 

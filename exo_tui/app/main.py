@@ -32,7 +32,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 from engine.errors import EngineError
 from engine.generate import CancelToken, prefill_next_turn, wait_for_streams
 from engine.loading import LoadedModel
-from engine.models import require_weight_files
+from engine.models.weights import require_weight_files
 from engine.types import ChatRequest, Chunk, Message, ModelCard, ReasoningChunk, TextChunk
 from exo_tui.app import garbage
 from exo_tui.app.bindings import APP_BINDINGS
@@ -82,15 +82,12 @@ from exo_tui.cluster.local import cluster_summary, local_node_id, local_node_sta
 from exo_tui.cluster.node import ClusterSetup, Foreign, Node
 from exo_tui.hub.catalogue import CatalogueEntry, entry_card, load_catalogue
 from exo_tui.rate import NoticeRate
-from exo_tui.store.chats import (
-    ChatStore,
-    ChatStoreError,
-    ChatSummary,
-    new_chat,
-    open_chat_store,
-    render_markdown,
-)
+from exo_tui.store.chat_errors import ChatStoreError
+from exo_tui.store.chats import ChatStore
+from exo_tui.store.export import render_markdown
+from exo_tui.store.opening import open_chat_store
 from exo_tui.store.paths import config_dir, data_dir
+from exo_tui.store.records import ChatSummary, new_chat
 
 CONTEXT_LENGTH = 4096
 # Seconds without a key press before the typed message is prefilled: between bursts of typing.
@@ -377,14 +374,14 @@ class ExoTuiApp(App[None]):
 
     @work(thread=True, exclusive=True, group="models")
     def _find_models(self) -> None:
-        from engine.models import find_models
+        from engine.models.finding import find_models
 
         cards = find_models(self._models_dirs, include_bundled=self._bundled)
         self.call_from_thread(self._models_found, cards)
 
     def _store_changed(self) -> None:
         """A peer had this node download its share of a model (runs in a worker thread)."""
-        from engine.models import find_models
+        from engine.models.finding import find_models
 
         cards = find_models(self._models_dirs, include_bundled=self._bundled)
         self.call_from_thread(self._store_rescanned, cards)
@@ -414,7 +411,7 @@ class ExoTuiApp(App[None]):
             self.action_launch()
 
     def _choose_path(self, spec: str) -> None:
-        from engine.models import resolve_model
+        from engine.models.finding import resolve_model
 
         try:
             self.choose_model(resolve_model(spec, self._models_dirs))

@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 def default_model_spec(models_dirs: list[Path] | None) -> str:
     """The model to use when none is named: the bundled demo, else the only installed one."""
-    from engine.models import bundled_demo_dir, find_models
+    from engine.models.finding import find_models
+    from engine.models.locations import bundled_demo_dir
 
     if (bundled_demo_dir() / "config.json").exists():
         return "demo"
@@ -96,7 +97,7 @@ def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
 def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     from engine.generate import validate
     from engine.loading import load_model, run_loading
-    from engine.models import require_weight_files
+    from engine.models.weights import require_weight_files
     from exo_tui.chat.tools import builtin_registry, local_cluster_status
     from exo_tui.chat.turn import chat_turn
 
@@ -135,7 +136,7 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
 def chat_card(spec: str, models_dirs: list[Path] | None) -> ModelCard:
     """The model to chat with: on disk (a path or a name), else a catalogue model by repo id,
     which `exo-tui chat` downloads (whole, or on a cluster each node its share)."""
-    from engine.models import resolve_model
+    from engine.models.finding import resolve_model
     from exo_tui.hub.catalogue import entry_card, find_entry
 
     try:
@@ -149,7 +150,8 @@ def chat_card(spec: str, models_dirs: list[Path] | None) -> ModelCard:
 
 def downloaded(card: ModelCard, as_json: bool) -> ModelCard:
     """`card` once all its files are in the Hugging Face cache (fetching what is missing)."""
-    from engine.models import missing_weight_files, read_card
+    from engine.models.cards import read_card
+    from engine.models.weights import missing_weight_files
     from exo_tui.commands.download import download_with_progress
 
     folder = Path(card.path)
@@ -362,7 +364,7 @@ def _catalogue_lines(
 def list_models(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     """The models on disk, then the catalogue with whether each fits this machine (or, with
     `cluster`, the nodes found on it)."""
-    from engine.models import find_models_with_errors
+    from engine.models.finding import find_models_with_errors
     from exo_tui.cluster.local import local_node_stats
 
     cards, skipped = find_models_with_errors(args.models_dir)

@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.models import hf_cache_dir, missing_weight_files
+from engine.models.locations import hf_cache_dir
+from engine.models.weights import missing_weight_files
 from exo_tui.hub.errors import HubOfflineError, OutsideCacheError
 from exo_tui.hub.names import as_commit
 

@@ -1,8 +1,8 @@
 """Model downloads from the Hugging Face hub into its cache, as a generator of progress events.
 
 `files = yield from download(repo)` fetches a repo's files (or only the safetensors holding some
-layers) into the normal hub cache, where `engine.models.find_models` finds them, and returns the
-snapshot folder. The hub is reached only through huggingface_hub; the environment
+layers) into the normal hub cache, where `engine.models.finding.find_models` finds them, and
+returns the snapshot folder. The hub is reached only through huggingface_hub; the environment
 (HF_ENDPOINT, HF_HUB_CACHE / HF_HOME, HF_HUB_OFFLINE, HF_TOKEN) is read at each call, not when
 huggingface_hub was imported.
 
@@ -30,7 +30,7 @@ from typing import Any, cast
 from huggingface_hub.utils import filter_repo_objects
 
 from engine.errors import EngineError, ModelFormatError
-from engine.models import INDEX_FILE, layer_of, shard_files, weight_index
+from engine.models.weights import INDEX_FILE, layer_of, shard_files, weight_index
 from exo_tui.hub.cache import HubSettings, cached_snapshot, write_ref
 from exo_tui.hub.errors import (
     DiskSpaceError,

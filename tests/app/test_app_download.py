@@ -20,7 +20,7 @@ from rich.text import Text
 from textual.pilot import Pilot
 from textual.widgets import OptionList, ProgressBar, Static
 
-from engine.models import read_card
+from engine.models.cards import read_card
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.download_confirm import DownloadConfirm
 from exo_tui.app.screens.model_picker import ModelPicker

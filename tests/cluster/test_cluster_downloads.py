@@ -19,7 +19,7 @@ import pytest
 
 from engine.generate import generate
 from engine.loading import load_model_sync
-from engine.models import read_card
+from engine.models.cards import read_card
 from engine.types import DoneChunk, ModelCard
 from exo_tui.cluster.control.coordinator import ClusterError, plan_fetches
 from exo_tui.cluster.control.placement import Placement

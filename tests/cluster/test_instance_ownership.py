@@ -17,7 +17,7 @@ import pytest
 
 from engine.generate import generate
 from engine.loading import load_model_sync
-from engine.models import read_card
+from engine.models.cards import read_card
 from engine.parallel import ShardSpec
 from engine.types import DoneChunk, TextChunk
 from exo_tui.cluster.control.placement import Placement, place

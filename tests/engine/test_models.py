@@ -12,16 +12,12 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-import engine.models as models
 from engine.errors import ModelFormatError, ModelNotFoundError
-from engine.models import (
-    bundled_demo_dir,
-    default_models_dir,
-    find_models,
-    find_models_with_errors,
-    read_card,
-    resolve_model,
-)
+from engine.models import locations
+from engine.models.cards import read_card
+from engine.models.finding import find_models, find_models_with_errors, resolve_model
+from engine.models.locations import bundled_demo_dir, default_models_dir
+from engine.models.weights import missing_weight_files
 from engine.types import Quantization
 
 LLAMA_CONFIG: dict[str, Any] = {
@@ -87,9 +83,21 @@ def empty_hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 # ------------------------------------------------------------------------------ cards
 
 
-def test_locations() -> None:
+def test_locations(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXO_TUI_HOME", raising=False)
     assert default_models_dir().parts[-2:] == ("exo-tui", "models")
-    assert bundled_demo_dir() == Path(models.__file__).resolve().parent / "demo" / "model"
+    engine_dir = Path(locations.__file__).resolve().parent.parent
+    assert bundled_demo_dir() == engine_dir / "demo" / "model"
+    assert (bundled_demo_dir() / "config.json").is_file()
+
+
+def test_exo_tui_home_holds_the_default_models_dir(exo_home: Path) -> None:
+    # The same folder as exo_tui.store.paths puts the chats in, next to them.
+    from exo_tui.store.paths import data_dir
+
+    assert default_models_dir() == exo_home / "data" / "models" == data_dir() / "models"
+    write_model(default_models_dir() / "alpha")
+    assert [c.name for c in find_models(include_hf_cache=False, include_bundled=False)] == ["alpha"]
 
 
 def test_llama_card_fields(tmp_path: Path) -> None:
@@ -359,7 +367,7 @@ def test_a_missing_shard_makes_a_partial_card_that_will_not_load(tmp_path: Path)
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     # The head's file is missing: no layer can run here, and loading says which file lacks.
     assert read_card(folder).layers_on_disk == ()
-    assert models.missing_weight_files(folder) == ["model-00002-of-00002.safetensors"]
+    assert missing_weight_files(folder) == ["model-00002-of-00002.safetensors"]
 
 
 def test_missing_tokenizer(tmp_path: Path) -> None:
@@ -467,7 +475,7 @@ def test_hf_home_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
 def test_bundled_demo_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     demo = write_model(tmp_path / "demo-model")
-    monkeypatch.setattr(models, "bundled_demo_dir", lambda: demo)
+    monkeypatch.setattr(locations, "bundled_demo_dir", lambda: demo)
     root = make_models_dir(tmp_path / "models")
     cards = find_models([root, demo.parent])  # the demo folder is not listed twice
     assert [(c.name, c.source) for c in cards][:3] == [
@@ -480,7 +488,7 @@ def test_bundled_demo_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_bundled_demo_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(models, "bundled_demo_dir", lambda: tmp_path / "no-demo")
+    monkeypatch.setattr(locations, "bundled_demo_dir", lambda: tmp_path / "no-demo")
     assert find_models([], include_hf_cache=False) == []
     with pytest.raises(ModelNotFoundError) as e:
         resolve_model("demo", [])

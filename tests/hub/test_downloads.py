@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 import pytest
 
 from engine.loading import load_model_sync
-from engine.models import find_models, shard_files
+from engine.models.finding import find_models
+from engine.models.weights import shard_files
 from exo_tui.hub.downloads import Downloading, download
 from exo_tui.hub.errors import (
     DiskSpaceError,

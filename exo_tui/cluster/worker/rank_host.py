@@ -26,7 +26,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from engine.errors import EngineError
-from engine.models import find_models
+from engine.models.finding import find_models
 from engine.types import Chunk, ModelCard
 from exo_tui.cluster.control.state import HostedRunner
 from exo_tui.cluster.wire.protocol import (
