@@ -37,7 +37,7 @@ from demo_model.corpus import HELDOUT_NODE_NAMES, EvalPrompt, heldout_prompts  #
 from engine.errors import RequestError  # noqa: E402
 from engine.generate import generate  # noqa: E402
 from engine.loading import LoadedModel, load_model_sync  # noqa: E402
-from engine.models import bundled_demo_dir  # noqa: E402
+from engine.models.locations import bundled_demo_dir  # noqa: E402
 from engine.types import (  # noqa: E402
     ChatRequest,
     DoneChunk,

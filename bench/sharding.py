@@ -100,7 +100,7 @@ def run_single(model: Path) -> dict[str, Any]:
 
 def run_ring(model: Path, strategy: str) -> dict[str, Any]:
     from engine.loading import run_loading
-    from engine.models import read_card
+    from engine.models.cards import read_card
     from engine.types import DoneChunk, ErrorChunk
     from exo_tui.cluster.worker.local_ring import start_local_ranks
 

@@ -1,12 +1,10 @@
 """Attention for MLX's CPU backend, computed in numpy.
 
-MLX's CPU `exp` costs ~15 ns per element here and its row reductions ~1 ns (numpy: ~1.5 and
-~0.1, vectorised), so once a chat has a history, softmax is most of a prefill: 10 heads x 96 new
-tokens x 1,362 keys took 24 ms per layer in `mx.fast.scaled_dot_product_attention`. This computes
-the same attention in numpy over MLX's own buffers (the queries and the KV cache are read in
-place, not copied): matmuls in numpy's BLAS, the softmax (masked, max, exp and sum) in place over
-each block of scores. Per layer, 10 heads: 96 new tokens over 1,362 keys 5.3 ms (MLX 24.7),
-10 over 1,266 0.8 ms (MLX 3.1; with MLX's matmuls around a numpy softmax 1.6), at the same
+MLX's CPU `exp` and row reductions are scalar and many times slower than numpy's vectorised
+ones, so once a chat has a history, softmax is most of a prefill in
+`mx.fast.scaled_dot_product_attention`. This computes the same attention in numpy over MLX's own
+buffers (the queries and the KV cache are read in place, not copied): matmuls in numpy's BLAS,
+the softmax (masked, max, exp and sum) in place over each block of scores, at the same
 precision.
 
 `install(model)` routes the model's mlx-lm attention here when MLX runs on the CPU; attention
@@ -39,9 +37,8 @@ MAX_SCORES = 1 << 21
 # computes.
 MIN_SCORES_PER_HEAD = 1024
 # One query (a decoding step, a turn whose message was prefilled while it was typed) keeps MLX's
-# kernel over fewer keys than this: it reads the cache at memory speed and needs no sync. Decoding
-# after 1,181 tokens 20.9 tok/s with MLX's kernel against 18.2 here, after 2,350 both 16.2, after
-# 3,519 14.5 against 15.3; one pass over 1,170 keys 44.7 ms against 50.3 (37 over 86 keys).
+# kernel over fewer keys than this: it reads the cache at memory speed and needs no sync, and
+# over short histories that wins; past this many keys the numpy path wins.
 ONE_QUERY_MLX_KEYS = 2048
 # From this many scores in a call, the query rows are shared among the cores.
 PARALLEL_SCORES = 1 << 17
@@ -144,8 +141,8 @@ def _pool() -> ThreadPoolExecutor:
 @functools.cache
 def _numpy_blas_on_one_thread() -> None:
     """numpy's wheels bring their own OpenBLAS; its threads, waiting for work after each of these
-    small matmuls, took the cores from MLX's BLAS: a 10-token step over 1,266 keys of history
-    took 340 ms instead of 58. One thread runs these matmuls on the calling thread."""
+    small matmuls, took the cores from MLX's BLAS and made a step several times slower. One
+    thread runs these matmuls on the calling thread."""
     ThreadpoolController().select(prefix="libscipy_openblas").limit(limits=1)
 
 

@@ -1,14 +1,14 @@
 """Load a fast system BLAS before MLX, and say which BLAS MLX ends up using.
 
-The `mlx[cpu]` wheel bundles netlib's reference BLAS (~5 GFLOP/s on a 2048² matmul here).
+The `mlx[cpu]` wheel bundles netlib's reference BLAS, which is unvectorised and single-threaded.
 Loading Debian's OpenBLAS with RTLD_GLOBAL before `mlx.core` makes MLX's BLAS symbols resolve
-to it (~160-200 GFLOP/s); greedy tokens stay identical. `EXO_TUI_BLAS=off` keeps the bundled
+to it, far faster on matmuls; greedy tokens stay identical. `EXO_TUI_BLAS=off` keeps the bundled
 one; `EXO_TUI_BLAS=/path/to/libopenblas.so` names a library.
 
-OpenBLAS's threads busy-wait for more work after each call, 2^28 cycles by default: after one
-matmul they burnt 130 ms of CPU here. In a forward pass they took the core that the attention's
-second share (and the TUI) runs on, so they wait 2^12 cycles now: 96 new tokens over 1,170 keys
-of history 225 ms a pass instead of 246, prefill 564 tok/s instead of 512, decoding unchanged.
+OpenBLAS's threads busy-wait for more work after each call, 2^28 cycles by default, burning CPU
+long after a matmul. In a forward pass they took the core that the attention's second share
+(and the TUI) runs on, so they wait 2^12 cycles now: a prefill gets faster, decoding is
+unchanged.
 `OPENBLAS_THREAD_TIMEOUT` set by the user wins.
 """
 

@@ -191,11 +191,10 @@ def _parser_for(loaded: LoadedModel, request: ChatRequest, prompt: list[int]) ->
 # The rest of the prompt goes through the model in one pass that also gives the first token, up
 # to this many tokens per layer of the model. mlx-lm prefills all but the last token, then steps
 # that one: a second pass over every weight, and it builds the second token's step before it
-# hands out the first (the first token of a 92-token prompt on the bench model: 440 ms, in one
-# pass 336). Past it, one pass costs more than it saves: a prefill skips the last layer's
-# attention output and MLP (the cache needs neither), which one pass computes for every token.
-# On the 2-layer wide bench model, 610 tokens: 1,148 ms in one pass, 764 with the last token in
-# a pass of its own; on the 10-layer bench model they were even there.
+# hands out the first, so one pass gives the first token sooner. Past it, one pass costs more
+# than it saves: a prefill skips the last layer's attention output and MLP (the cache needs
+# neither), which one pass computes for every token; the fewer the layers, the sooner that
+# extra work outweighs the saved pass.
 ONE_PASS_TOKENS_PER_LAYER = 32
 PREFILL_STEP = 2048  # tokens a step when a prefill is longer (mlx-lm's prefill step)
 Sampler = Callable[[mx.array], mx.array]

@@ -21,7 +21,8 @@ from engine import attention, blas, kernels
 from engine.errors import ModelFormatError
 from engine.harmony import stop_token_ids
 from engine.kernels import routing
-from engine.models import read_card, require_weight_files
+from engine.models.cards import read_card
+from engine.models.weights import require_weight_files
 from engine.prompt_cache import ConversationCache
 from engine.types import LoadProgress, ModelCard
 
@@ -147,8 +148,8 @@ def run_loading(
     loading: Generator[Progress, None, Loaded],
     on_progress: Callable[[Progress], None] | None = None,
 ) -> Loaded:
-    """Run a generator that reports progress (a model's load, a ring's, a download, a chat
-    turn) to the end, handing each report to `on_progress`; its result."""
+    """Run a generator that reports progress (a model's load, a shard's, a ring's, a download, a
+    chat turn) to the end, handing each report to `on_progress`; its result."""
     while True:
         try:
             progress = next(loading)

@@ -27,7 +27,7 @@ from mlx_lm.models.cache import _BaseCache  # pyright: ignore[reportPrivateUsage
 
 from engine.errors import EngineError, ModelFormatError
 from engine.loading import Loading, load_model, transformer_layers
-from engine.models import read_card
+from engine.models.cards import read_card
 from engine.types import ModelCard, ShardSpec
 
 

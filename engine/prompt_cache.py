@@ -5,12 +5,12 @@ longest stored prefix of its prompt, trimmed to the common prefix when an earlie
 or regenerated. Entries are bounded in count and bytes; the least recently used go first.
 
 A request takes the stored cache itself, not a copy: mlx-lm copies it (so that its server can
-serve one prefix to many requests), and the copy is made lazily, inside the first forward pass:
-20 ms of TTFT for the 33 MB cache of 1,256 tokens of a 10-layer model here, where the pass
-itself took 61 ms. The entry a turn continues is replaced by the longer one the turn keeps
-anyway; an entry that holds a few tokens more than a request shares with it (a draft prefilled as
-if sent, then typed on) is trimmed in place. One that holds more (another chat, an answer being
-regenerated) is another branch: it is copied, as mlx-lm does, and stays.
+serve one prefix to many requests), and the copy is made lazily, inside the first forward pass,
+where it adds a large share of the time to the first token. The entry a turn continues is
+replaced by the longer one the turn keeps anyway; an entry that holds a few tokens more than a
+request shares with it (a draft prefilled as if sent, then typed on) is trimmed in place. One
+that holds more (another chat, an answer being regenerated) is another branch: it is copied,
+as mlx-lm does, and stays.
 """
 # pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
 # (mlx-lm ships no type information.)

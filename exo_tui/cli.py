@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import math
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from exo_tui.cluster.node import ClusterSetup
 
 
 def _number(text: str, kind: type[int] | type[float], wanted: str) -> int | float:
@@ -218,70 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def show_key(args: argparse.Namespace) -> int:
-    """`exo-tui key`: the key (or its fingerprint) on stdout, what to do with it on stderr."""
-    from exo_tui.cluster import identity
-
-    key = identity.replace_cluster_key() if args.new else identity.load_cluster_key()
-    print(key.fingerprint if args.show_fingerprint else key.text)
-    from_env = bool(os.environ.get(identity.KEY_ENV, "").strip())
-    if args.new:
-        notice = (
-            f"new cluster key written to {identity.key_path()} (fingerprint {key.fingerprint}); "
-            "nodes still using the old key will be refused until they are given this one"
-        )
-        if from_env:
-            notice += (
-                f"; {identity.KEY_ENV} is set, so nodes started from this shell still use that one"
-            )
-    elif args.show_fingerprint:
-        return 0
-    else:
-        source = f" (from {identity.KEY_ENV})" if from_env else ""
-        notice = (
-            f"fingerprint {key.fingerprint}{source}; on another machine run "
-            f"`exo-tui node --key {key.text}` or set {identity.KEY_ENV}={key.text}"
-        )
-    print(f"exo-tui: {notice}", file=sys.stderr)
-    return 0
-
-
-def cluster_setup(args: argparse.Namespace) -> ClusterSetup:
-    """Identity, key and options of this node from the command line; EngineError when bad."""
-    from engine.errors import EngineError
-    from exo_tui.cluster import identity
-    from exo_tui.cluster.node import DEFAULT_PORT, ClusterSetup, NodeOptions, parse_peer
-
-    for peer in args.peer:
-        try:
-            parse_peer(peer)
-        except ValueError as error:
-            raise EngineError(str(error), "Give peers as --peer HOST:PORT") from error
-    interfaces: list[str] | None = args.interface
-    options = NodeOptions(
-        port=DEFAULT_PORT if args.port is None else args.port,
-        bind=interfaces[0] if interfaces else "0.0.0.0",
-        peers=tuple(args.peer),
-        mdns=not args.no_mdns,
-        interfaces=interfaces,
-    )
-    key = identity.load_cluster_key(args.key)
-    me = identity.load_node_identity(getattr(args, "name", None))
-    return ClusterSetup(identity=me, key=key, options=options)
-
-
-def start_node(args: argparse.Namespace) -> int:
-    """`exo-tui node`: check the options, then serve until Ctrl+C or SIGTERM."""
-    from exo_tui.commands.node import run_node
-
-    setup = cluster_setup(args)
-    return run_node(setup.identity, setup.key, setup.options, args.models_dir, args.json)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from engine.errors import EngineError
     from exo_tui.cluster.errors import ClusterError
+    from exo_tui.commands.node import cluster_setup
+    from exo_tui.hub.errors import HubError
 
     try:
         if args.command == "chat":
@@ -293,12 +230,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_download(args)
         if args.command == "models":
-            from exo_tui.commands.chat import list_models
+            from exo_tui.commands.models import list_models
 
             return list_models(args, cluster_setup(args) if args.cluster else None)
         if args.command == "key":
+            from exo_tui.commands.key import show_key
+
             return show_key(args)
         if args.command == "node":
+            from exo_tui.commands.node import start_node
+
             return start_node(args)
         from exo_tui.app.main import run_app
 
@@ -306,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_app(
             model=args.model, models_dirs=args.models_dir, load=args.load, cluster=cluster
         )
-    except (EngineError, ClusterError) as error:
+    except (EngineError, ClusterError, HubError) as error:
         print(f"exo-tui: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -35,7 +35,7 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from engine.models import layer_of
+from engine.models.weights import layer_of
 
 ARCHITECTURES: tuple[str, ...] = ("llama", "qwen2", "qwen3", "qwen3_moe")
 

@@ -27,7 +27,9 @@ from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
 from exo_tui.chat.backend import Backend
 from exo_tui.chat.tools import ToolRegistry
 from exo_tui.chat.turn import TurnEvent, chat_turn
-from exo_tui.store.chats import ChatStore, ChatSummary, new_chat, open_chat_store
+from exo_tui.store.chats import ChatStore
+from exo_tui.store.opening import open_chat_store
+from exo_tui.store.records import ChatSummary, new_chat
 
 if TYPE_CHECKING:
     from textual.app import App

@@ -60,8 +60,10 @@ from exo_tui.cluster.node import ClusterSetup, Foreign, Node
 from exo_tui.cluster.this_machine import cluster_summary, local_node_id, local_node_stats
 from exo_tui.hub.catalogue import CatalogueEntry, load_catalogue
 from exo_tui.rate import NoticeRate
-from exo_tui.store.chats import ChatStoreError, ChatSummary, render_markdown
+from exo_tui.store.chat_errors import ChatStoreError
+from exo_tui.store.export import render_markdown
 from exo_tui.store.paths import config_dir, data_dir
+from exo_tui.store.records import ChatSummary
 from exo_tui.store.settings import load_settings, save_settings
 
 # How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The

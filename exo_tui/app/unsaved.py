@@ -11,7 +11,9 @@ import threading
 from collections.abc import Sequence
 
 from engine.types import Message
-from exo_tui.store.chats import ChatStore, ChatStoreError, ChatSummary, ChatWriteError
+from exo_tui.store.chat_errors import ChatStoreError, ChatWriteError
+from exo_tui.store.chats import ChatStore
+from exo_tui.store.records import ChatSummary
 
 
 class UnsavedTurns:

@@ -465,7 +465,7 @@ def machine_node(
 ) -> Node:
     """This machine as a node outside the TUI: its stats carry the models in its store,
     scanned again when a download for a peer lands."""
-    from engine.models import find_models
+    from engine.models.finding import find_models
     from exo_tui.cluster.this_machine import local_node_stats
 
     cards = find_models(models_dirs)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,13 +14,13 @@ from exo_tui.commands.printing import JsonLines, TextOutput, print_turn
 
 if TYPE_CHECKING:
     from exo_tui.chat.tools import ToolRegistry
-    from exo_tui.cluster.control.state import NodeStats
     from exo_tui.cluster.node import ClusterSetup
 
 
 def default_model_spec(models_dirs: list[Path] | None) -> str:
     """The model to use when none is named: the bundled demo, else the only installed one."""
-    from engine.models import bundled_demo_dir, find_models
+    from engine.models.finding import find_models
+    from engine.models.locations import bundled_demo_dir
 
     if (bundled_demo_dir() / "config.json").exists():
         return "demo"
@@ -82,7 +80,7 @@ def build_request(args: argparse.Namespace, prompt: str) -> ChatRequest:
 def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     from engine.generate import validate
     from engine.loading import load_model, run_loading
-    from engine.models import require_weight_files
+    from engine.models.weights import require_weight_files
     from exo_tui.chat.backend import LocalBackend
     from exo_tui.chat.tools import builtin_registry, local_cluster_status
     from exo_tui.chat.turn import chat_turn
@@ -122,7 +120,7 @@ def run_chat(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> i
 def chat_card(spec: str, models_dirs: list[Path] | None) -> ModelCard:
     """The model to chat with: on disk (a path or a name), else a catalogue model by repo id,
     which `exo-tui chat` downloads (whole, or on a cluster each node its share)."""
-    from engine.models import resolve_model
+    from engine.models.finding import resolve_model
     from exo_tui.hub.catalogue import entry_card, find_entry
 
     try:
@@ -136,7 +134,8 @@ def chat_card(spec: str, models_dirs: list[Path] | None) -> ModelCard:
 
 def downloaded(card: ModelCard, as_json: bool) -> ModelCard:
     """`card` once all its files are in the Hugging Face cache (fetching what is missing)."""
-    from engine.models import missing_weight_files, read_card
+    from engine.models.cards import read_card
+    from engine.models.weights import missing_weight_files
     from exo_tui.commands.download import download_with_progress
 
     folder = Path(card.path)
@@ -172,73 +171,3 @@ def run_chat_on_ranks(
         )
         backend = RingBackend(card, ring.chat, ring.close)
         return print_turn(chat_turn(backend, request, registry), out)
-
-
-def _card_lines(cards: list[ModelCard]) -> Iterator[str]:
-    for card in cards:
-        quant = f"{card.quantization.bits}-bit" if card.quantization else (card.dtype or "?")
-        tensor = "tensor ok" if card.supports_tensor else "pipeline only"
-        yield (
-            f"{card.name:<40} {card.source:<10} {card.model_type:<12} {card.num_layers:>3} layers "
-            f"{card.bytes_on_disk / 1e6:>9.1f} MB {quant:<8} {tensor}  {card.path}"
-            + (f"  ({card.partial_note})" if card.partial_note else "")
-        )
-
-
-def _catalogue_lines(
-    cards: list[ModelCard], nodes: list[NodeStats], as_json: bool
-) -> Iterator[str]:
-    """Every catalogue model, with its size, whether it is on disk and whether (and how) it
-    fits `nodes` (JSON: `type` catalogue)."""
-    from exo_tui.cluster.control.placement import fit
-    from exo_tui.hub.catalogue import entry_card, load_catalogue
-
-    paths = {card.name.lower(): card.path for card in cards}
-    if not as_json:
-        where = "this machine" if len(nodes) == 1 else f"the {len(nodes)} nodes found"
-        yield f"\nCatalogue (exo-tui models download REPO); fit on {where}:"
-    for entry in load_catalogue():
-        path = paths.get(entry.repo.lower())
-        fits, note = fit(nodes, entry_card(entry))
-        if as_json:
-            line = {"type": "catalogue", "name": entry.repo, "path": path,
-                    "downloaded": path is not None, "fits": fits, "fit": note,
-                    **entry.model_dump()}  # fmt: skip
-            yield json.dumps(line)
-        else:
-            yield (
-                f"{entry.repo:<52} {entry.parameters / 1e9:>6.1f}B params "
-                f"{entry.bytes / 1e9:>7.1f} GB {entry.bits}-bit  "
-                + ("downloaded" if path else "not downloaded")
-                + f"  {note}"
-            )
-
-
-def list_models(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
-    """The models on disk, then the catalogue with whether each fits this machine (or, with
-    `cluster`, the nodes found on it)."""
-    from engine.models import find_models_with_errors
-    from exo_tui.cluster.this_machine import local_node_stats
-
-    cards, skipped = find_models_with_errors(args.models_dir)
-    if cluster is not None:
-        from exo_tui.commands.cluster_chat import discover_nodes
-
-        nodes = discover_nodes(cluster, args.models_dir, args.discover)
-    else:
-        nodes = [local_node_stats(cards=cards)]
-    if args.json:
-        for card in cards:
-            print(card.model_dump_json())
-    else:
-        for node in nodes:
-            print(f"{node.name}: {node.backend}, cpu kernels: {node.kernels}")
-        if not cards:
-            print("No models found. Pass --models-dir DIR or download one from Hugging Face.")
-        for line in _card_lines(cards):
-            print(line)
-    for line in _catalogue_lines(cards, nodes, args.json):
-        print(line)
-    for skip in skipped:
-        print(f"exo-tui: skipped {skip.path}: {skip.error}", file=sys.stderr)
-    return 0

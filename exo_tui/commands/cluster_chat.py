@@ -34,6 +34,7 @@ from exo_tui.cluster.control.state import (
 from exo_tui.cluster.errors import ClusterError
 from exo_tui.cluster.node import ClusterSetup, machine_node
 from exo_tui.commands.printing import JsonLines, TextOutput, print_turn
+from exo_tui.hub.errors import HubError
 
 if TYPE_CHECKING:
     from exo_tui.chat.tools import ToolRegistry
@@ -99,9 +100,9 @@ def run_chat_on_cluster(
 
 def _first_user_error(
     group: BaseExceptionGroup[BaseException],
-) -> EngineError | ClusterError | None:
+) -> EngineError | ClusterError | HubError | None:
     for error in group.exceptions:
-        if isinstance(error, EngineError | ClusterError):
+        if isinstance(error, EngineError | ClusterError | HubError):
             return error
         if isinstance(error, BaseExceptionGroup):
             found = _first_user_error(error)  # pyright: ignore[reportUnknownArgumentType]

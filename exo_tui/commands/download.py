@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
+from engine.loading import run_loading
 from exo_tui.hub.catalogue import find_entry
-from exo_tui.hub.downloads import Downloading, DownloadProgress, download
+from exo_tui.hub.downloads import Downloading, download
+from exo_tui.hub.progress import DownloadProgress
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -77,7 +79,7 @@ class RichDownload:
         self._bar.start()
 
     def progress(self, event: DownloadProgress) -> None:
-        self._bar.update(self._overall, completed=event.bytes_done, total=event.total)
+        self._bar.update(self._overall, completed=event.bytes_done, total=event.bytes_total)
         if event.file not in self._files:
             label = f"  {event.file}"
             self._files[event.file] = self._bar.add_task(label, total=event.file_total)
@@ -129,12 +131,7 @@ def download_with_progress(
     )
     out = JsonDownload() if as_json else RichDownload(repo_id)
     try:
-        while True:
-            try:
-                out.progress(next(downloading))
-            except StopIteration as done:
-                snapshot: Path = done.value
-                break
+        snapshot = run_loading(downloading, out.progress)
     except KeyboardInterrupt:
         cancel.set()
         downloading.close()  # the download threads stop; partial files stay for next time

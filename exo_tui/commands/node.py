@@ -1,11 +1,14 @@
 """`exo-tui node`: this machine as a headless peer of the cluster, until Ctrl+C or SIGTERM.
 
+`cluster_setup` reads the identity, key and options that every cluster command shares.
+
 Logs peers joining, leaving and being refused on stderr; with `--json`, writes one JSON object
 per event on stdout instead (what scripts and the tests read).
 """
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import logging
@@ -17,8 +20,15 @@ import anyio
 
 from engine.errors import EngineError
 from exo_tui.cluster.control.state import ClusterEvent, NodeLost, StatsUpdated
-from exo_tui.cluster.identity import ClusterKey, NodeIdentity
-from exo_tui.cluster.node import ClusterSetup, Foreign, NodeOptions, machine_node
+from exo_tui.cluster.identity import ClusterKey, NodeIdentity, load_cluster_key, load_node_identity
+from exo_tui.cluster.node import (
+    DEFAULT_PORT,
+    ClusterSetup,
+    Foreign,
+    NodeOptions,
+    machine_node,
+    parse_peer,
+)
 from exo_tui.untrusted import NAME_LIMIT, shown
 
 # Refusals said per address: a peer may vary its name (and so the reason) with every attempt.
@@ -107,6 +117,32 @@ async def serve(
             async for _ in signals:
                 tasks.cancel_scope.cancel()
                 break
+
+
+def cluster_setup(args: argparse.Namespace) -> ClusterSetup:
+    """Identity, key and options of this node from the command line; EngineError when bad."""
+    for peer in args.peer:
+        try:
+            parse_peer(peer)
+        except ValueError as error:
+            raise EngineError(str(error), "Give peers as --peer HOST:PORT") from error
+    interfaces: list[str] | None = args.interface
+    options = NodeOptions(
+        port=DEFAULT_PORT if args.port is None else args.port,
+        bind=interfaces[0] if interfaces else "0.0.0.0",
+        peers=tuple(args.peer),
+        mdns=not args.no_mdns,
+        interfaces=interfaces,
+    )
+    key = load_cluster_key(args.key)
+    me = load_node_identity(getattr(args, "name", None))
+    return ClusterSetup(identity=me, key=key, options=options)
+
+
+def start_node(args: argparse.Namespace) -> int:
+    """`exo-tui node`: check the options, then serve until Ctrl+C or SIGTERM."""
+    setup = cluster_setup(args)
+    return run_node(setup.identity, setup.key, setup.options, args.models_dir, args.json)
 
 
 def run_node(

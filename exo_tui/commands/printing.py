@@ -50,7 +50,8 @@ class JsonLines:
         self._write(json.dumps(line))
 
     def node_download(self, event: DownloadProgressed, name: str) -> None:
-        line = {"type": "download", "node": name, **event.model_dump(exclude={"type"})}
+        line = {"type": "download", "node": name, "node_id": event.node_id, "model": event.model,
+                **event.progress.model_dump(exclude={"type"})}  # fmt: skip
         self._write(json.dumps(line))
 
     def loaded(self, ready: ModelReady) -> None:
@@ -107,12 +108,14 @@ class TextOutput:
         self._bar.update(self._node_tasks[node_id], completed=layers_loaded, total=total)
 
     def node_download(self, event: DownloadProgressed, name: str) -> None:
-        key = f"download {event.node_id}"
+        key, progress = f"download {event.node_id}", event.progress
         if key not in self._node_tasks:
             label = f"downloading {self._name} on {name} (MB)"
-            self._node_tasks[key] = self._bar.add_task(label, total=event.bytes_total / 1e6)
+            self._node_tasks[key] = self._bar.add_task(label, total=progress.bytes_total / 1e6)
         self._bar.update(
-            self._node_tasks[key], completed=event.bytes_done / 1e6, total=event.bytes_total / 1e6
+            self._node_tasks[key],
+            completed=progress.bytes_done / 1e6,
+            total=progress.bytes_total / 1e6,
         )
 
     def loaded(self, ready: ModelReady) -> None:

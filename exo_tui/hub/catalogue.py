@@ -12,15 +12,15 @@ from typing import Literal, Self
 
 from pydantic import Field, ValidationError, model_validator
 
-from engine.errors import EngineError
-from engine.models import hf_cache_dir
 from engine.types import Frozen, ModelCard, Quantization
+from exo_tui.hub.cache import repo_folder
+from exo_tui.hub.errors import HubError
 
 ToolFormat = Literal["json_tools", "mistral", "harmony", "llama3_json", "none"]
 QuantizationMode = Literal["affine", "mxfp4"]
 
 
-class CatalogueError(EngineError):
+class CatalogueError(HubError):
     pass
 
 
@@ -145,11 +145,6 @@ def find_entry(repo: str) -> CatalogueEntry | None:
     return next((e for e in load_catalogue() if e.repo.lower() == wanted), None)
 
 
-def cache_folder(repo: str) -> Path:
-    """Where the Hugging Face cache keeps a model repo (its snapshots live under it)."""
-    return hf_cache_dir() / ("models--" + repo.replace("/", "--"))
-
-
 def entry_card(entry: CatalogueEntry) -> ModelCard:
     """The card placement reads, from the catalogue's figures alone (nothing on disk).
 
@@ -158,7 +153,7 @@ def entry_card(entry: CatalogueEntry) -> ModelCard:
     reason = None if entry.tensor else f"mlx-lm's {entry.model_type} model has no shard()"
     return ModelCard(
         name=entry.repo,
-        path=str(cache_folder(entry.repo)),
+        path=str(repo_folder(entry.repo)),
         source="hf_cache",
         model_type=entry.model_type,
         num_layers=entry.layers,

@@ -25,6 +25,16 @@ def check_hash(value: str, lengths: tuple[int, ...] = (40, 64)) -> str:
     return value.lower()
 
 
+def as_commit(sha: object) -> str | None:
+    """`sha` when it is a commit hash (in lower case), else None."""
+    if not isinstance(sha, str):
+        return None
+    try:
+        return check_hash(sha)
+    except ValueError:
+        return None
+
+
 def relative_path_problem(name: str) -> str | None:
     """What keeps `name` from being a relative path that stays inside its folder, or None.
 

@@ -4,203 +4,49 @@ One connection in WAL mode is shared by every thread behind a lock (the app writ
 worker threads). Every write is its own transaction with ``synchronous=FULL``, so a message
 that ``append`` returned from survives a crash of the process, or of the machine.
 
-``open_chat_store`` is the way in for the app: a database that fails SQLite's integrity check
-is moved aside and a fresh one started; a healthy one the user cannot write (left by a
-``sudo exo-tui``) is opened read-only; the notice it returns names the file and the fix.
-A write the database refuses (disk full, a lock held too long) raises ``ChatWriteError`` and
-leaves nothing of itself behind: a turn is written whole or not at all (``append_turn``).
+``exo_tui.store.opening.open_chat_store`` is the way in for the app (a damaged file is moved aside,
+one the user cannot write is opened read-only). A write the database refuses (disk full, a lock held
+too long) raises ``ChatWriteError`` and leaves nothing of itself behind: a turn is written whole or
+not at all (``append_turn``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pwd
-import re
 import sqlite3
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from engine.types import Frozen, Message, ToolCall
-from exo_tui.store import paths
-
-DEFAULT_TITLE = "New chat"
-TITLE_LENGTH = 40
-BUSY_TIMEOUT_S = 5.0
-
-
-class ChatStoreError(Exception):
-    """The chat history could not be read or written."""
-
-
-class ChatNotFoundError(ChatStoreError, LookupError):
-    """No chat has this id (deleted, or never created)."""
-
-    def __init__(self, chat_id: str) -> None:
-        super().__init__(f"no chat with id {chat_id!r}")
-        self.chat_id = chat_id
-
-
-class UnreadableChatDatabase(ChatStoreError):
-    """The file is not a chat database this version can use; ``reason`` says why, in words.
-
-    ``damaged``: it fails SQLite's own checks (not SQLite, corrupt pages), so setting it aside
-    loses nothing; a healthy file that is merely not ours to use (another program's, a newer
-    exo-tui's) is left where it is.
-    """
-
-    def __init__(self, path: Path, reason: str, *, damaged: bool = True) -> None:
-        super().__init__(f"the chat database at {path} could not be read ({reason})")
-        self.path = path
-        self.reason = reason
-        self.damaged = damaged
-
-
-class ChatWriteError(ChatStoreError):
-    """The database refused a write (disk full, locked, read-only); nothing of it was written.
-
-    ``reason`` and ``fix`` are in the user's words; ``code`` is SQLite's extended result code.
-    """
-
-    def __init__(self, path: Path, reason: str, fix: str, code: int = 0) -> None:
-        super().__init__(f"could not write to {path}: {reason}. {fix}")
-        self.path = path
-        self.reason = reason
-        self.fix = fix
-        self.code = code
-
-
-def _write_error(path: Path, error: sqlite3.Error) -> ChatWriteError:
-    """A refused write, in words: what happened and what the user can do about it."""
-    code: int = getattr(error, "sqlite_errorcode", 0) or 0
-    match code & 0xFF:
-        case sqlite3.SQLITE_FULL:
-            reason = "the disk is full"
-            fix = f"Free some space on the disk that holds {path.parent}."
-        case sqlite3.SQLITE_BUSY | sqlite3.SQLITE_LOCKED:
-            reason = f"another program has held a lock on it for more than {BUSY_TIMEOUT_S:g} s"
-            fix = "Close the other exo-tui (or whatever has the file open)."
-        case sqlite3.SQLITE_READONLY:
-            reason = "the file is read-only"
-            fix = f"Make it yours again: sudo chown -R {_user()} {path.parent}"
-        case _:
-            reason = str(error)
-            fix = f"Check the disk that holds {path.parent}."
-    return ChatWriteError(path, reason, fix, code)
-
-
-class ChatSummary(Frozen):
-    """A chat as the chat list shows it. ``updated_at`` is when its last message was written."""
-
-    id: str
-    title: str
-    model: str
-    created_at: datetime
-    updated_at: datetime
-    message_count: int
-
-
-class StoredMessage(Frozen):
-    """A message with what the store keeps beside it: its place, its stats and when it came."""
-
-    position: int
-    message: Message
-    stats: dict[str, Any] | None
-    created_at: datetime
-
-
-class OpenedChatStore(NamedTuple):
-    """What ``open_chat_store`` gives back; ``notice`` is for the user, None when all went well."""
-
-    store: ChatStore
-    notice: str | None
-
-
-# Schema and migrations. MIGRATIONS[i] takes a database from version i to i + 1, inside the
-# same transaction that records the new version, so a failed migration leaves nothing half done.
-
-Migration = Callable[[sqlite3.Connection], None]
-
-
-def _schema_v1(conn: sqlite3.Connection) -> None:
-    conn.execute(
-        """
-        CREATE TABLE chats (
-            id TEXT PRIMARY KEY,
-            title TEXT,
-            model TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL
-        )
-        """
-    )
-    conn.execute(
-        """
-        CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
-            chat_id TEXT NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-            position INTEGER NOT NULL,
-            role TEXT NOT NULL,
-            content TEXT NOT NULL,
-            reasoning TEXT,
-            tool_calls TEXT NOT NULL DEFAULT '[]',
-            tool_call_id TEXT,
-            name TEXT,
-            stats TEXT,
-            created_at REAL NOT NULL,
-            UNIQUE (chat_id, position)
-        )
-        """
-    )
-    conn.execute("CREATE INDEX chats_by_updated ON chats (updated_at)")
-
-
-MIGRATIONS: tuple[Migration, ...] = (_schema_v1,)
-
-SQLITE_HEADER = b"SQLite format 3\x00"
-
-# SQLite result codes that mean the bytes on disk are not a usable database.
-_UNREADABLE_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
-# What a read-only open of a WAL database says when it cannot make the -shm it reads through.
-_NO_SHM_CODES = frozenset({sqlite3.SQLITE_READONLY_DIRECTORY, sqlite3.SQLITE_CANTOPEN})
-
-
-def auto_title(text: str, limit: int = TITLE_LENGTH) -> str | None:
-    """A chat title from its first user message: whitespace folded, cut at a word near ``limit``."""
-    flat = " ".join(text.split())
-    if not flat:
-        return None
-    if len(flat) <= limit:
-        return flat
-    cut = flat[:limit]
-    space = cut.rfind(" ")
-    if space >= limit // 2:
-        cut = cut[:space]
-    return cut.rstrip(" ,.;:-") + "…"
-
-
-def _time(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=UTC)
-
-
-def new_chat(model: str, title: str | None = None) -> ChatSummary:
-    """A chat that exists only in memory until ``append_turn`` writes its first turn."""
-    now = _time(time.time())
-    clean = " ".join(title.split()) if title is not None else ""
-    return ChatSummary(
-        id=uuid.uuid4().hex,
-        title=clean or DEFAULT_TITLE,
-        model=model,
-        created_at=now,
-        updated_at=now,
-        message_count=0,
-    )
+from engine.types import Message, ToolCall
+from exo_tui.store.chat_errors import (
+    ChatNotFoundError,
+    ChatStoreError,
+    ChatWriteError,
+    UnreadableChatDatabase,
+    write_error,
+)
+from exo_tui.store.export import render_markdown
+from exo_tui.store.records import (
+    DEFAULT_TITLE,
+    ChatSummary,
+    StoredMessage,
+    as_time,
+    auto_title,
+    new_chat,
+)
+from exo_tui.store.schema import (
+    BUSY_TIMEOUT_S,
+    MIGRATIONS,
+    NO_SHM_CODES,
+    SQLITE_HEADER,
+    UNREADABLE_CODES,
+    Migration,
+)
 
 
 class ChatStore:
@@ -235,7 +81,7 @@ class ChatStore:
         except (sqlite3.Error, ChatWriteError) as error:
             self._conn.close()
             code = error.code if isinstance(error, ChatWriteError) else error.sqlite_errorcode
-            if code & 0xFF in _UNREADABLE_CODES:
+            if code & 0xFF in UNREADABLE_CODES:
                 raise UnreadableChatDatabase(self.path, str(error)) from error
             raise ChatStoreError(f"could not open the chat database at {path}: {error}") from error
         except BaseException:
@@ -266,7 +112,7 @@ class ChatStore:
             # is nothing but the main file to read, and no one else writes it here, so reading
             # it as immutable is exact.
             wal = self.path.with_name(self.path.name + "-wal")
-            if error.sqlite_errorcode not in _NO_SHM_CODES or wal.exists():
+            if error.sqlite_errorcode not in NO_SHM_CODES or wal.exists():
                 raise
         return connect(f"{uri}?mode=ro&immutable=1", uri=True)
 
@@ -368,7 +214,7 @@ class ChatStore:
                         conn.execute("ROLLBACK")
                     raise
             except sqlite3.Error as error:
-                raise _write_error(self.path, error) from error
+                raise write_error(self.path, error) from error
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         with self._lock:
@@ -407,8 +253,8 @@ class ChatStore:
             id=chat_id,
             title=title or DEFAULT_TITLE,
             model=model,
-            created_at=_time(created_at),
-            updated_at=_time(updated_at),
+            created_at=as_time(created_at),
+            updated_at=as_time(updated_at),
             message_count=count,
         )
 
@@ -582,7 +428,7 @@ class ChatStore:
                     position=position,
                     message=message,
                     stats=None if stats is None else json.loads(stats),
-                    created_at=_time(at),
+                    created_at=as_time(at),
                 )
             )
         return entries
@@ -616,155 +462,3 @@ class ChatStore:
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-
-def open_chat_store(path: str | os.PathLike[str] | None = None) -> OpenedChatStore:
-    """Open the chat history at ``path`` (default: the data dir's chats.db), whatever is there.
-
-    A file that fails SQLite's checks is moved aside to ``<name>.broken-<timestamp>`` and a new
-    one started. A healthy one this user cannot write is opened read-only. Anything else that
-    cannot be used (another program's database, a newer exo-tui's, a folder that cannot be made)
-    is left as it is and the store lives in memory for this session. ``notice`` says what
-    happened and what to do about it, in the user's words.
-    """
-    db = Path(path) if path is not None else paths.chats_db_path()
-    unwritable = _unwritable(db) if db.is_file() else None
-    if unwritable is not None:
-        return _read_only(db, unwritable)
-    try:
-        db.parent.mkdir(parents=True, exist_ok=True)
-        return OpenedChatStore(ChatStore(db), None)
-    except UnreadableChatDatabase as error:
-        if not error.damaged:
-            return _in_memory(db, error.reason, fix=f"Move {db} away to start a new history.")
-        reason = error.reason
-    except (ChatStoreError, OSError) as error:
-        return _in_memory(db, str(error))
-    try:
-        aside = _move_aside(db)
-        store = ChatStore(db)
-    except (ChatStoreError, OSError) as error:
-        return _in_memory(db, f"{reason}; moving it aside failed: {error}")
-    notice = (
-        f"The chat database at {db} could not be read ({reason}); "
-        f"it was moved to {aside} and a new one started."
-    )
-    return OpenedChatStore(store, notice)
-
-
-def _unwritable(db: Path) -> Path | None:
-    """The first of the database, the files SQLite keeps beside it and its folder that this
-    user cannot write; None when SQLite can write them all."""
-    sidecars = [db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal")]
-    files = [db, *(sidecar for sidecar in sidecars if sidecar.exists()), db.parent]
-    return next((file for file in files if not os.access(file, os.W_OK)), None)
-
-
-def _user_name(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _owner(path: Path) -> str:
-    return _user_name(path.stat().st_uid)
-
-
-def _user() -> str:
-    """Who this process writes as (not $USER, which sudo and su may leave as it was)."""
-    return _user_name(os.geteuid())
-
-
-def _read_only(db: Path, unwritable: Path) -> OpenedChatStore:
-    """A healthy database this user cannot write (left by ``sudo exo-tui``): read, never moved."""
-    user = _user()
-    fix = f"To save chats again, quit and make it yours: sudo chown -R {user} {db.parent}"
-    try:
-        store = ChatStore(db, read_only=True)
-    except UnreadableChatDatabase as error:
-        if not error.damaged:
-            return _in_memory(db, error.reason, fix=f"Move {db} away to start a new history.")
-        return _in_memory(db, f"{error.reason}; it cannot be moved aside either", fix=fix)
-    except ChatStoreError as error:
-        return _in_memory(db, str(error), fix=fix)
-    owner = _owner(unwritable)
-    if owner != user:
-        why = f"{unwritable} belongs to {owner}, not to you ({user}); was exo-tui run with sudo?"
-    else:  # a read-only mount, or permissions taken away
-        why = f"{unwritable} is read-only for you ({user})."
-        fix = f"To save chats again, quit and make {unwritable} writable (chmod u+w, or remount)."
-    notice = (
-        f"The chat database at {db} cannot be written: {why} Your history is shown read-only "
-        f"and new chats are not saved this session. {fix}"
-    )
-    return OpenedChatStore(store, notice)
-
-
-def _in_memory(db: Path, reason: str, fix: str = "") -> OpenedChatStore:
-    notice = (
-        f"The chat database at {db} could not be opened ({reason}); "
-        "chats will not be saved this session."
-    )
-    return OpenedChatStore(ChatStore(":memory:"), f"{notice} {fix}" if fix else notice)
-
-
-def _move_aside(db: Path) -> Path:
-    """Rename a broken database (and its WAL and journal files) out of the way; the new name."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    aside = db.with_name(f"{db.name}.broken-{stamp}")
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = db.with_name(f"{db.name}.broken-{stamp}-{n}")
-    db.rename(aside)
-    # A leftover WAL beside a new database of the same name would be replayed into it.
-    for suffix in ("-wal", "-shm", "-journal"):
-        sidecar = db.with_name(db.name + suffix)
-        if sidecar.exists():
-            sidecar.rename(aside.with_name(aside.name + suffix))
-    return aside
-
-
-# Markdown export: pure, so it is tested without a database.
-
-
-def _fenced(text: str, info: str = "") -> str:
-    """A code block whose fence is longer than any run of backticks inside it."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return f"{fence}{info}\n{text}\n{fence}"
-
-
-def render_markdown(chat: ChatSummary, messages: Sequence[Message]) -> str:
-    """User, assistant and tool messages as Markdown; reasoning folds away in <details>.
-
-    System messages are left out: they are settings, not conversation.
-    """
-    blocks = [
-        f"# {chat.title}",
-        f"Model: `{chat.model}` · started {chat.created_at:%Y-%m-%d %H:%M} UTC",
-    ]
-    for message in messages:
-        match message.role:
-            case "system":
-                continue
-            case "user":
-                blocks.append("## User")
-            case "assistant":
-                blocks.append("## Assistant")
-            case "tool":
-                name = f" `{message.name}`" if message.name else ""
-                blocks.append(f"## Tool result{name}")
-                blocks.append(_fenced(message.content))
-                continue
-        if message.reasoning:
-            # A literal closing tag in the reasoning would end the block early.
-            reasoning = message.reasoning.strip().replace("</details", "&lt;/details")
-            blocks.append(f"<details>\n<summary>Reasoning</summary>\n\n{reasoning}\n\n</details>")
-        if message.content.strip():
-            blocks.append(message.content.strip())
-        for call in message.tool_calls:
-            arguments = json.dumps(call.arguments, indent=2, ensure_ascii=False)
-            blocks.append(f"**Tool call** `{call.name}`\n\n{_fenced(arguments, 'json')}")
-    return "\n\n".join(blocks) + "\n"

@@ -34,7 +34,7 @@ from exo_tui.cluster.control.state import (
     NodeSeen,
     Unloaded,
 )
-from exo_tui.hub.downloads import DownloadProgress
+from exo_tui.hub.progress import DownloadProgress
 from tests.app.helpers import fixed_stats, wait_until
 
 SIZE = (120, 36)
@@ -217,7 +217,7 @@ async def downloading(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     panel.show_progress(
         DownloadProgress(
             repo_id=repo, file="model.safetensors", file_bytes=312_400_000,
-            file_total=695_300_000, bytes_done=329_900_000, total=712_800_000, files_done=5,
+            file_total=695_300_000, bytes_done=329_900_000, bytes_total=712_800_000, files_done=5,
             files_total=6,
         )
     )  # fmt: skip
@@ -231,9 +231,9 @@ async def fetching(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     progress = ((1_210_000_000, 2_050_000_000, 3), (410_000_000, 1_580_000_000, 1))
     for shard, (done, total, files) in zip(shards[1:], progress, strict=True):
         app.dispatch(
-            DownloadProgressed(node_id=shard.node_id, model=model, bytes_done=done,
-                               bytes_total=total, files_done=files, files_total=5,
-                               file=f"model-0000{files + 1}-of-00005.safetensors")
+            DownloadProgressed(node_id=shard.node_id, model=model, progress=DownloadProgress(
+                repo_id=model, bytes_done=done, bytes_total=total, files_done=files,
+                files_total=5, file=f"model-0000{files + 1}-of-00005.safetensors"))
         )  # fmt: skip
     await settle(app, pilot)
 

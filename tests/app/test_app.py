@@ -20,7 +20,7 @@ from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput, StatsLin
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodeCard
 from exo_tui.cluster.control.state import ClusterEvent, LoadProgressed, RunnerFailed, RunnerReady
-from exo_tui.store.chats import open_chat_store
+from exo_tui.store.opening import open_chat_store
 from tests.app.helpers import GB, fixed_stats, wait_until
 
 SIZE = (120, 40)

@@ -94,7 +94,7 @@ async def test_each_node_downloads_its_share_with_a_bar_then_the_model_loads_and
         assert {e.node_id for e in downloads} == {me.node_id, peer.node_id}
         for node_id in (me.node_id, peer.node_id):
             last = [e for e in downloads if e.node_id == node_id][-1]
-            assert last.bytes_done == last.bytes_total > 0
+            assert last.progress.bytes_done == last.progress.bytes_total > 0
         # ...and fetched only the files of its layers.
         assert cached_shards(tmp_path / "app-hf") == files_for(*ranges[me.node_id])
         assert cached_shards(tmp_path / "peer-hf") == files_for(*ranges[peer.node_id])

@@ -20,16 +20,17 @@ from rich.text import Text
 from textual.pilot import Pilot
 from textual.widgets import OptionList, ProgressBar, Static
 
-from engine.models import read_card
+from engine.models.cards import read_card
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.download_confirm import DownloadConfirm
 from exo_tui.app.screens.model_picker import ModelPicker
 from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.cluster.control.state import RunnerReady
-from exo_tui.hub import downloads
-from exo_tui.hub.catalogue import CatalogueEntry, cache_folder
-from exo_tui.hub.downloads import DownloadProgress
+from exo_tui.hub import fetch
+from exo_tui.hub.cache import repo_folder
+from exo_tui.hub.catalogue import CatalogueEntry
+from exo_tui.hub.progress import DownloadProgress
 from tests.app.helpers import fixed_stats, wait_until
 from tests.hub_server import HubServer, use_hub
 
@@ -175,7 +176,7 @@ async def test_a_catalogue_model_downloads_with_its_bars_then_is_chosen_and_laun
         assert not panel.active and not panel.display
         assert app.selection.card is not None
         assert app.selection.card.source == "hf_cache"
-        assert Path(app.selection.card.path).is_relative_to(cache_folder(REPO))
+        assert Path(app.selection.card.path).is_relative_to(repo_folder(REPO))
         assert any(f"{REPO} is downloaded" in n for n in notices(app))
         # Then it loads, without another key.
         await wait_until(
@@ -199,14 +200,14 @@ async def test_escape_cancels_a_download_and_a_retry_resumes(
     # Slow the bytes down so there is a download in flight to cancel.
     slow = threading.Event()
     slow.set()
-    update = downloads._ProgressHook.update
+    update = fetch.ProgressHook.update
 
-    def slow_update(hook: downloads._ProgressHook, n: float | None = 1) -> None:
+    def slow_update(hook: fetch.ProgressHook, n: float | None = 1) -> None:
         if slow.is_set():
             time.sleep(0.01)
         update(hook, n)
 
-    monkeypatch.setattr(downloads._ProgressHook, "update", slow_update)
+    monkeypatch.setattr(fetch.ProgressHook, "update", slow_update)
     monkeypatch.setattr(hf_constants, "DOWNLOAD_CHUNK_SIZE", 1024)
     app = make_app(models_dir, [catalogue_entry(tiny_llama)])
     total = total_bytes(tiny_llama)
@@ -214,7 +215,7 @@ async def test_escape_cancels_a_download_and_a_retry_resumes(
         await ask_to_download(app, pilot, "test")
         await pilot.press("enter")
         panel = app.query_one(DownloadPanel)
-        blobs = cache_folder(REPO) / "blobs"
+        blobs = repo_folder(REPO) / "blobs"
         await wait_until(pilot, lambda: partial_bytes(blobs) > 0 and panel.last is not None)
         assert panel.display and "Esc cancels" in str(
             panel.query_one("#download-hint", Static).render()

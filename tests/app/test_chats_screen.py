@@ -10,7 +10,8 @@ from textual.widgets import DataTable, Label, Static
 
 from engine.types import Message
 from exo_tui.app.screens.chats import ChatsScreen
-from exo_tui.store.chats import ChatStore, new_chat
+from exo_tui.store.chats import ChatStore
+from exo_tui.store.records import new_chat
 from tests.app.helpers import wait_until
 
 

@@ -37,6 +37,7 @@ async def test_a_remapped_launch_shows_its_new_key_everywhere(
         await wait_until(pilot, lambda: app.selection.card is not None)
         await wait_until(pilot, lambda: "F5 launches" in plain(app, "#launch-status"))
         assert "Ctrl+L" not in plain(app, "#launch-status")
+
         def footer() -> dict[str, str]:
             return {key.description: key.key for key in app.screen.query(FooterKey)}
 

@@ -16,7 +16,8 @@ from engine.types import Message
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.chats import ChatsScreen
 from exo_tui.app.widgets.chat import UserMessage
-from exo_tui.store.chats import ChatStore, new_chat
+from exo_tui.store.chats import ChatStore
+from exo_tui.store.records import new_chat
 from tests.app.helpers import fixed_stats, wait_until
 
 pytestmark = pytest.mark.anyio

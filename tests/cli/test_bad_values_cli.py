@@ -166,3 +166,11 @@ def test_a_node_with_a_bad_address_says_so(
     expect_clean_error(result, *words)
     last = result.stderr.strip().splitlines()[-1]  # after argparse's usage, if any: the error
     assert last.startswith("exo-tui") and all(word in last for word in words), result.stderr
+
+
+def test_a_hub_error_is_a_clean_error(tmp_path: Path) -> None:
+    # A catalogue error is a HubError, not an EngineError: the command still prints it plainly.
+    missing = tmp_path / "missing.toml"
+    result = run_cli("models", env={"EXO_TUI_CATALOGUE": str(missing)})
+    expect_clean_error(result, "missing.toml, named by EXO_TUI_CATALOGUE")
+    assert result.returncode == 2

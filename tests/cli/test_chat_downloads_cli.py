@@ -64,7 +64,7 @@ def test_a_catalogue_model_downloads_then_loads_and_answers(env: dict[str, str])
     # Download, then load, then the answer, in that order.
     assert kinds.index("downloaded") < kinds.index("load") < kinds.index("done")
     progress = [line for line in lines if line["type"] == "download"]
-    assert progress[-1]["bytes_done"] == progress[-1]["total"] > 0
+    assert progress[-1]["bytes_done"] == progress[-1]["bytes_total"] > 0
     assert {line["file"] for line in progress} >= set(SHARDS)
     # On disk now: the next chat downloads nothing.
     again = chat(env)

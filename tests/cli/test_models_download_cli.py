@@ -41,7 +41,7 @@ def test_download_json_then_models_lists_it(hub_env: tuple[HubServer, dict[str, 
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     progress = [line for line in lines if line["type"] == "download"]
-    assert progress[-1]["bytes_done"] == progress[-1]["total"] == hub.bytes_served()
+    assert progress[-1]["bytes_done"] == progress[-1]["bytes_total"] == hub.bytes_served()
     assert lines[-1]["type"] == "downloaded" and Path(lines[-1]["path"]).is_dir()
 
     listed = exo_tui(env, "models", "--json", "--models-dir", str(Path(env["HF_HOME"]) / "none"))

@@ -19,7 +19,7 @@ import pytest
 
 from engine.generate import generate
 from engine.loading import load_model_sync
-from engine.models import read_card
+from engine.models.cards import read_card
 from engine.types import DoneChunk, ModelCard
 from exo_tui.cluster.control.coordinator import plan_fetches
 from exo_tui.cluster.control.placement import Placement
@@ -104,8 +104,8 @@ async def test_each_node_fetches_only_its_layers_then_the_ring_matches_one_proce
         assert {e.node_id for e in progress} == {n.node_id for n in nodes}
         for node in nodes:
             last = [e for e in progress if e.node_id == node.node_id][-1]
-            assert last.bytes_done == last.bytes_total > 0
-            assert last.files_done == last.files_total
+            assert last.progress.bytes_done == last.progress.bytes_total > 0
+            assert last.progress.files_done == last.progress.files_total
         # Loaded from partial folders, the ring answers token for token as one process does.
         chunks = await collect(cluster.node.coordinator.chat(REQUEST))
         assert isinstance(chunks[-1], DoneChunk), chunks

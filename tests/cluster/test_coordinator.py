@@ -20,7 +20,7 @@ import pytest
 
 from engine.generate import generate
 from engine.loading import load_model_sync
-from engine.models import read_card
+from engine.models.cards import read_card
 from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message, ModelCard
 from exo_tui.cluster.control.placement import Placement, place
 from exo_tui.cluster.control.state import (

@@ -17,7 +17,7 @@ import pytest
 
 from engine.generate import generate
 from engine.loading import load_model_sync
-from engine.models import read_card
+from engine.models.cards import read_card
 from engine.types import DoneChunk, ShardSpec, TextChunk
 from exo_tui.cluster.control.placement import Placement, place
 from exo_tui.cluster.control.state import NodeStats

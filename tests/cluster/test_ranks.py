@@ -22,7 +22,7 @@ import pytest
 
 from engine.generate import generate
 from engine.loading import load_model_sync, run_loading
-from engine.models import read_card
+from engine.models.cards import read_card
 from engine.parallel import ShardError, pipeline_specs, tensor_specs
 from engine.types import (
     ChatRequest,

@@ -37,6 +37,7 @@ from exo_tui.cluster.wire.framing import (
 from exo_tui.cluster.wire.handshake import (
     PeerInfo,
 )
+from exo_tui.hub.progress import DownloadProgress
 
 KEY = b"k" * 32
 
@@ -88,7 +89,10 @@ EVERY_FRAME: list[Frame] = [
     FetchShard(
         instance_id="i1", repo_id="mlx-community/Qwen3-0.6B-4bit", layers=(0, 14), total_layers=28
     ),
-    FetchProgress(instance_id="i1", bytes_done=1, bytes_total=2, files_done=0, files_total=3),
+    FetchProgress(
+        instance_id="i1",
+        progress=DownloadProgress(bytes_done=1, bytes_total=2, files_done=0, files_total=3),
+    ),
     FetchDone(instance_id="i1"),
 ]
 

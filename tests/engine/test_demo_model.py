@@ -16,7 +16,8 @@ import pytest
 
 from engine.generate import generate
 from engine.loading import LoadedModel, load_model, run_loading
-from engine.models import bundled_demo_dir, resolve_model
+from engine.models.finding import resolve_model
+from engine.models.locations import bundled_demo_dir
 from engine.types import (
     ChatRequest,
     Chunk,

@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 
 from engine import kernels
 from engine.loading import load_model_sync, open_lazy, run_loading, transformer_layers
-from engine.models import read_card
+from engine.models.cards import read_card
 from engine.parallel import (
     ShardError,
     _reindex,

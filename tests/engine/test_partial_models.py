@@ -14,7 +14,9 @@ from mlx.utils import tree_flatten
 
 from engine.errors import ModelFormatError
 from engine.loading import load_model, load_model_sync, run_loading, transformer_layers
-from engine.models import find_models, missing_weight_files, read_card
+from engine.models.cards import read_card
+from engine.models.finding import find_models
+from engine.models.weights import missing_weight_files
 
 # tiny_model_factory("llama", shards=4): one layer per file; the embeddings sit in the first
 # file, the final norm and head in the last.

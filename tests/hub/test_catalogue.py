@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import EngineError
 from exo_tui.cluster.control.placement import Placement, PlacementError, place
 from exo_tui.hub.catalogue import (
     CatalogueEntry,
+    CatalogueError,
     entry_card,
     find_entry,
     load_catalogue,
@@ -101,11 +101,11 @@ def test_bad_entries_are_refused_with_the_reason() -> None:
                  .replace("'", '"') for k, v in fields.items()]  # fmt: skip
         return "[[model]]\n" + "\n".join(lines) + "\n"
 
-    with pytest.raises(EngineError, match="kv_heads"):
+    with pytest.raises(CatalogueError, match="kv_heads"):
         parse_catalogue(toml(kv_heads=7))
-    with pytest.raises(EngineError, match="tool_format"):
+    with pytest.raises(CatalogueError, match="tool_format"):
         parse_catalogue(toml(tool_format="xml"))
-    with pytest.raises(EngineError, match="more than once"):
+    with pytest.raises(CatalogueError, match="more than once"):
         parse_catalogue(toml() + toml())
 
 
@@ -126,5 +126,5 @@ def test_a_user_catalogue_comes_first_and_replaces_entries_of_the_same_repo(
     assert len(entries) == len(ENTRIES) + 1
     assert find_entry("ME/my-own-model") == entries[1]
     monkeypatch.setenv("EXO_TUI_CATALOGUE", str(tmp_path / "missing.toml"))
-    with pytest.raises(EngineError, match="missing.toml, named by EXO_TUI_CATALOGUE"):
+    with pytest.raises(CatalogueError, match="missing.toml, named by EXO_TUI_CATALOGUE"):
         load_catalogue()

@@ -13,17 +13,17 @@ from typing import Any, NamedTuple
 import pytest
 
 from engine.loading import load_model_sync
-from engine.models import find_models, shard_files
-from exo_tui.hub.downloads import (
+from engine.models.finding import find_models
+from engine.models.weights import shard_files
+from exo_tui.hub.downloads import Downloading, download
+from exo_tui.hub.errors import (
     DiskSpaceError,
     DownloadCancelled,
-    Downloading,
-    DownloadProgress,
     HubOfflineError,
     RepoGatedError,
     RepoNotFoundError,
-    download,
 )
+from exo_tui.hub.progress import DownloadProgress
 from tests.hub_server import HubServer, git_blob_id, use_hub
 
 REPO = "mlx-community/tiny-llama-4bit"
@@ -77,9 +77,9 @@ def test_full_download_reports_progress_to_the_total_and_loads(
     sizes = file_sizes(tiny_sharded)
     total = sum(sizes.values())
     last = done.events[-1]
-    assert (last.bytes_done, last.total) == (total, total)
+    assert (last.bytes_done, last.bytes_total) == (total, total)
     assert (last.files_done, last.files_total) == (len(sizes), len(sizes))
-    assert all(a.total == total for a in done.events)
+    assert all(a.bytes_total == total for a in done.events)
     per_file = [e for e in done.events if e.file == SHARDS[0]]
     assert len(per_file) > 3  # bytes were reported as they landed, not once per file
     assert [e.file_bytes for e in per_file] == sorted(e.file_bytes for e in per_file)
@@ -234,7 +234,7 @@ def test_a_layer_range_fetches_only_its_shards_and_the_shared_files(
     assert SHARDS[2] not in served and not (done.snapshot / SHARDS[2]).exists()
     shared = [p.name for p in tiny_sharded.iterdir() if not p.name.endswith(".safetensors")]
     assert same_files(done.snapshot, tiny_sharded, [*shared, SHARDS[0], SHARDS[1], SHARDS[3]])
-    assert done.events[-1].total == sum(
+    assert done.events[-1].bytes_total == sum(
         (tiny_sharded / n).stat().st_size for n in [*shared, SHARDS[0], SHARDS[1], SHARDS[3]]
     )
     with pytest.raises(ValueError, match="not within"):

@@ -14,7 +14,9 @@ from typing import NamedTuple
 
 import pytest
 
-from exo_tui.hub.downloads import DownloadError, HubAnswerError, download
+from exo_tui.hub.downloads import download
+from exo_tui.hub.errors import DownloadError
+from exo_tui.hub.remote import HubAnswerError
 from tests.hostile_hub import HostileHub, climb_to, tree_outside
 from tests.hub.test_downloads import SHARDS, run, same_files
 from tests.hub_server import use_hub

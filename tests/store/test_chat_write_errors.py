@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from engine.types import Message, ToolCall
-from exo_tui.store.chats import ChatStore, ChatWriteError, new_chat, open_chat_store
+from exo_tui.store.chat_errors import ChatWriteError
+from exo_tui.store.chats import ChatStore
+from exo_tui.store.opening import open_chat_store
+from exo_tui.store.records import new_chat
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,7 +131,9 @@ AS_OTHER_USER = """
 import json, os, sys
 from pathlib import Path
 from engine.types import Message
-from exo_tui.store.chats import ChatWriteError, new_chat, open_chat_store
+from exo_tui.store.chat_errors import ChatWriteError
+from exo_tui.store.opening import open_chat_store
+from exo_tui.store.records import new_chat
 
 db = Path(sys.argv[1])
 if os.geteuid() == 0:  # become someone who is not the file's owner, as after `sudo exo-tui`

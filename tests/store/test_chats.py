@@ -15,18 +15,12 @@ import pytest
 
 from engine.types import Message, ToolCall
 from exo_tui.store import paths
-from exo_tui.store.chats import (
-    DEFAULT_TITLE,
-    MIGRATIONS,
-    ChatNotFoundError,
-    ChatStore,
-    ChatStoreError,
-    ChatSummary,
-    UnreadableChatDatabase,
-    auto_title,
-    open_chat_store,
-    render_markdown,
-)
+from exo_tui.store.chat_errors import ChatNotFoundError, ChatStoreError, UnreadableChatDatabase
+from exo_tui.store.chats import ChatStore
+from exo_tui.store.export import render_markdown
+from exo_tui.store.opening import open_chat_store
+from exo_tui.store.records import DEFAULT_TITLE, ChatSummary, auto_title
+from exo_tui.store.schema import MIGRATIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,9 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Input, Label
 
 from exo_tui.app.keys import shown
-from exo_tui.store.chats import ChatStore, ChatStoreError, ChatSummary
+from exo_tui.store.chat_errors import ChatStoreError
+from exo_tui.store.chats import ChatStore
+from exo_tui.store.records import ChatSummary
 
 
 def export_chat(store: ChatStore, chat: ChatSummary, folder: Path) -> Path:

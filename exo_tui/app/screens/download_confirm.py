@@ -15,7 +15,8 @@ from textual.widgets import Label, Static
 
 from exo_tui.app.keys import shown
 from exo_tui.cluster.control.placement import format_bytes
-from exo_tui.hub.catalogue import CatalogueEntry, cache_folder
+from exo_tui.hub.cache import repo_folder
+from exo_tui.hub.catalogue import CatalogueEntry
 
 
 def free_bytes(folder: Path) -> int | None:
@@ -37,7 +38,7 @@ def short_path(path: Path) -> str:
 
 
 def download_summary(entry: CatalogueEntry, fits: bool, fit_note: str) -> Text:
-    where = cache_folder(entry.repo)
+    where = repo_folder(entry.repo)
     free = free_bytes(where)
     room = "" if free is None else f"; {format_bytes(free)} free there"
     return Text.assemble(

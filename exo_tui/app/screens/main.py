@@ -24,7 +24,7 @@ from textual.worker import Worker, WorkerState, get_current_worker
 
 from engine.errors import EngineError
 from engine.loading import LoadedModel, run_loading
-from engine.models import require_weight_files
+from engine.models.weights import require_weight_files
 from engine.types import LoadProgress, ModelCard, Strategy
 from exo_tui.app import garbage
 from exo_tui.app.conversation import Conversation
@@ -162,14 +162,14 @@ class MainScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="models")
     def find_models(self) -> None:
-        from engine.models import find_models
+        from engine.models.finding import find_models
 
         cards = find_models(self._models_dirs, include_bundled=self._bundled)
         self.app.call_from_thread(self._models_found, cards)
 
     def rescan_models(self) -> None:
         """In a worker thread: a peer had this node download its share of a model."""
-        from engine.models import find_models
+        from engine.models.finding import find_models
 
         cards = find_models(self._models_dirs, include_bundled=self._bundled)
         self.app.call_from_thread(self._set_cards, cards)
@@ -198,7 +198,7 @@ class MainScreen(Screen[None]):
             self.launch()
 
     def _choose_path(self, spec: str) -> None:
-        from engine.models import resolve_model
+        from engine.models.finding import resolve_model
 
         try:
             self.choose_model(resolve_model(spec, self._models_dirs))

@@ -25,7 +25,9 @@ from engine.loading import run_loading
 from exo_tui.app.keys import shown
 from exo_tui.app.widgets import quiet
 from exo_tui.cluster.control.placement import format_bytes
-from exo_tui.hub.downloads import DownloadCancelled, DownloadProgress, download
+from exo_tui.hub.downloads import download
+from exo_tui.hub.errors import DownloadCancelled, HubError
+from exo_tui.hub.progress import DownloadProgress
 
 # Bytes land in chunks far faster than a screen redraws: post at most this often (seconds),
 # plus every file's last chunk.
@@ -34,7 +36,7 @@ PROGRESS_INTERVAL = 0.1
 
 def overall_text(progress: DownloadProgress) -> str:
     return (
-        f"{format_bytes(progress.bytes_done)} / {format_bytes(progress.total)} · "
+        f"{format_bytes(progress.bytes_done)} / {format_bytes(progress.bytes_total)} · "
         f"{progress.files_done} of {progress.files_total} files"
     )
 
@@ -118,7 +120,7 @@ class DownloadPanel(Vertical):
     def show_progress(self, progress: DownloadProgress) -> None:
         self.last = progress
         self.query_one("#download-overall", ProgressBar).update(
-            total=max(progress.total, 1), progress=progress.bytes_done
+            total=max(progress.bytes_total, 1), progress=progress.bytes_done
         )
         self.query_one("#download-file-bar", ProgressBar).update(
             total=max(progress.file_total, 1), progress=progress.file_bytes
@@ -172,7 +174,7 @@ class DownloadPanel(Vertical):
         except DownloadCancelled as error:
             self.post_message(self.Failed(repo_id, str(error), cancelled=True))
             return
-        except EngineError as error:  # offline, gated, missing, disk space, integrity
+        except (HubError, EngineError) as error:  # offline, gated, missing, disk, integrity
             self.post_message(self.Failed(repo_id, str(error)))
             return
         except Exception as error:  # an unexpected failure must not take the app down

@@ -41,12 +41,14 @@ def runner_text(node: NodeView) -> Text:
     match node.runner:
         case RunnerIdle():
             return Text("idle", style="dim")
-        case RunnerDownloading(model=model, bytes_done=done, bytes_total=total):
-            runner = node.runner
+        case RunnerDownloading(model=model, progress=fetched):
+            done, total = fetched.bytes_done, fetched.bytes_total
             landing = (
-                f": {runner.file}" if runner.file and runner.files_done < runner.files_total else ""
+                f": {fetched.file}"
+                if fetched.file and fetched.files_done < fetched.files_total
+                else ""
             )
-            files = f"{runner.files_done}/{runner.files_total} files{landing}"
+            files = f"{fetched.files_done}/{fetched.files_total} files{landing}"
             amount = f"{format_bytes(done)} / {format_bytes(total)}"
             return Text(f"downloading {model} {amount}, {files}", style="cyan")
         case RunnerLoading(model=model, layers_loaded=done, layers_total=total):
@@ -90,8 +92,8 @@ class NodeCard(Vertical):
         match node.runner:
             case RunnerLoading(layers_loaded=done, layers_total=total):
                 progress: tuple[int, int] | None = (done, total)
-            case RunnerDownloading(bytes_done=done, bytes_total=total):
-                progress = (done, total)
+            case RunnerDownloading(progress=fetched):
+                progress = (fetched.bytes_done, fetched.bytes_total)
             case _:
                 progress = None
         if bar.display != (progress is not None):

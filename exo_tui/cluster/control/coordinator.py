@@ -242,9 +242,10 @@ class Coordinator:
     def _fetch_report(self, instance: _Instance, node_id: str, frame: InstanceReport) -> bool:
         """Fold a node's download report into events; True when it says the node is done."""
         if isinstance(frame, FetchProgress):
-            progress = frame.model_dump(exclude={"type", "instance_id"})
             self._on_event(
-                DownloadProgressed(node_id=node_id, model=instance.card.name, **progress)
+                DownloadProgressed(
+                    node_id=node_id, model=instance.card.name, progress=frame.progress
+                )
             )
         return isinstance(frame, FetchDone)
 

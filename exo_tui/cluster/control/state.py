@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 
 from engine.types import Frozen, ModelCard
 from exo_tui.cluster.control.placement import Placement
+from exo_tui.hub.progress import DownloadProgress
 
 Backend = Literal["cpu", "metal", "cuda"]
 
@@ -78,11 +79,7 @@ class RunnerDownloading(Frozen):
 
     state: Literal["downloading"] = "downloading"
     model: str
-    file: str = ""
-    bytes_done: int = Field(default=0, ge=0)
-    bytes_total: int = Field(default=0, ge=0)
-    files_done: int = Field(default=0, ge=0)
-    files_total: int = Field(default=0, ge=0)
+    progress: DownloadProgress = DownloadProgress()
 
 
 class RunnerReady(Frozen):
@@ -230,11 +227,7 @@ class DownloadProgressed(Frozen):
     type: Literal["download_progressed"] = "download_progressed"
     node_id: str
     model: str
-    file: str = ""
-    bytes_done: int = Field(ge=0)
-    bytes_total: int = Field(ge=0)
-    files_done: int = Field(ge=0)
-    files_total: int = Field(ge=0)
+    progress: DownloadProgress
 
 
 class LoadProgressed(Frozen):
@@ -430,11 +423,10 @@ def _runner_event(state: ClusterState, event: NodeEvent) -> ClusterState:
 def _next_runner(runner: RunnerState, event: NodeEvent) -> RunnerState:
     """The runner after ``event``, or ``runner`` itself when the event does not apply to it."""
     match event:
-        case DownloadProgressed(model=model):
+        case DownloadProgressed(model=model, progress=progress):
             if isinstance(runner, RunnerLoading | RunnerGenerating):
                 return runner  # past downloading
-            fields = event.model_dump(exclude={"type", "node_id"})
-            return RunnerDownloading.model_validate(fields | {"model": model})
+            return RunnerDownloading(model=model, progress=progress)
         case LoadStarted(model=model, total=total):
             return RunnerLoading(model=model, layers_loaded=0, layers_total=total)
         case LoadProgressed(layers_loaded=loaded, total=total):

@@ -13,9 +13,11 @@ from pydantic import Field, field_validator
 
 from engine.types import ChatRequest, Chunk, Frozen, ShardSpec
 from exo_tui.cluster.control.state import NodeStats
+from exo_tui.hub.progress import DownloadProgress
 
-# 2: per-node downloads (FetchShard ...), partial models in cards; 3: sealed sessions
-PROTOCOL_VERSION = 3
+# 2: per-node downloads (FetchShard ...), partial models in cards; 3: sealed sessions;
+# 4: download progress as one nested type (FetchProgress.progress)
+PROTOCOL_VERSION = 4
 
 Hex256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]  # 32 random bytes, or a SHA-256 HMAC
 
@@ -119,11 +121,7 @@ class FetchProgress(Frozen):
 
     type: Literal["fetch_progress"] = "fetch_progress"
     instance_id: str
-    file: str = ""  # the file landing now
-    bytes_done: int = Field(ge=0)
-    bytes_total: int = Field(ge=0)
-    files_done: int = Field(ge=0)
-    files_total: int = Field(ge=0)
+    progress: DownloadProgress
 
 
 class FetchDone(Frozen):

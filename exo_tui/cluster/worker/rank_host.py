@@ -26,7 +26,7 @@ import anyio.from_thread
 import anyio.to_thread
 
 from engine.errors import EngineError
-from engine.models import find_models
+from engine.models.finding import find_models
 from engine.types import Chunk, ModelCard
 from exo_tui.cluster.control.state import HostedRunner
 from exo_tui.cluster.errors import RingError
@@ -52,7 +52,8 @@ from exo_tui.cluster.wire.frames import (
     StopInstance,
 )
 from exo_tui.cluster.worker.local_ring import LocalRing, failure_chunks, free_ports
-from exo_tui.hub.downloads import DownloadError, download
+from exo_tui.hub.downloads import download
+from exo_tui.hub.errors import DownloadError
 
 log = logging.getLogger(__name__)
 
@@ -228,17 +229,10 @@ class RankHost:
             )
             for event in downloading:
                 now = time.monotonic()
-                if now - last_report < FETCH_REPORT_S and event.bytes_done < event.total:
+                if now - last_report < FETCH_REPORT_S and event.bytes_done < event.bytes_total:
                     continue
                 last_report = now
-                report = FetchProgress(
-                    instance_id=iid,
-                    file=event.file,
-                    bytes_done=event.bytes_done,
-                    bytes_total=event.total,
-                    files_done=event.files_done,
-                    files_total=event.files_total,
-                )
+                report = FetchProgress(instance_id=iid, progress=event)
                 anyio.from_thread.run(self._send, owner.node_id, report)
 
         try:

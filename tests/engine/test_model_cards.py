@@ -1,95 +1,26 @@
-"""The model store: cards read from real files, discovery, resolution and every bad-input error."""
+"""Model cards read from real files (engine.models.cards, .safetensors, .weights), and every
+bad-input error."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from safetensors.numpy import save_file
 
-import engine.models as models
 from engine.errors import ModelFormatError, ModelNotFoundError
-from engine.models import (
-    bundled_demo_dir,
-    default_models_dir,
-    find_models,
-    find_models_with_errors,
-    read_card,
-    resolve_model,
-)
+from engine.models.cards import read_card
+from engine.models.weights import missing_weight_files
 from engine.types import Quantization
+from tests.engine.model_folders import LLAMA_CONFIG, llama_tensors, numel, write_model
 
-LLAMA_CONFIG: dict[str, Any] = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 32,
-    "num_hidden_layers": 2,
-    "intermediate_size": 64,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 100,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "bfloat16",
-}
-
-
-def llama_tensors(dtype: type[np.generic] = np.float16) -> dict[str, np.ndarray]:
-    t: dict[str, np.ndarray] = {"model.embed_tokens.weight": np.zeros((100, 32), dtype)}
-    for i in range(2):
-        p = f"model.layers.{i}"
-        t[f"{p}.self_attn.q_proj.weight"] = np.zeros((32, 32), dtype)
-        t[f"{p}.self_attn.k_proj.weight"] = np.zeros((16, 32), dtype)
-        t[f"{p}.self_attn.v_proj.weight"] = np.zeros((16, 32), dtype)
-        t[f"{p}.self_attn.o_proj.weight"] = np.zeros((32, 32), dtype)
-        t[f"{p}.input_layernorm.weight"] = np.ones((32,), dtype)
-    t["model.norm.weight"] = np.ones((32,), dtype)
-    return t
-
-
-def numel(tensors: dict[str, np.ndarray]) -> int:
-    return sum(int(a.size) for a in tensors.values())
-
-
-def write_model(
-    folder: Path,
-    config: dict[str, Any] | None = None,
-    files: dict[str, dict[str, np.ndarray]] | None = None,
-    *,
-    tokenizer: bool = True,
-) -> Path:
-    """A model folder: config.json, the given safetensors files, a tokenizer.json stub."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(LLAMA_CONFIG if config is None else config))
-    if files is None:
-        files = {"model.safetensors": llama_tensors()}
-    for name, tensors in files.items():
-        save_file(tensors, str(folder / name), metadata={"format": "mlx"})
-    if tokenizer:
-        (folder / "tokenizer.json").write_text("{}")
-    return folder
-
-
-@pytest.fixture(autouse=True)
-def empty_hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Never scan the real Hugging Face cache: point it at an empty folder."""
-    hub = tmp_path / "hf-hub"
-    hub.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
-    return hub
+# Never the real Hugging Face cache: an empty folder per test.
+pytestmark = pytest.mark.usefixtures("empty_hf_cache")
 
 
 # ------------------------------------------------------------------------------ cards
-
-
-def test_locations() -> None:
-    assert default_models_dir().parts[-2:] == ("exo-tui", "models")
-    assert bundled_demo_dir() == Path(models.__file__).resolve().parent / "demo" / "model"
 
 
 def test_llama_card_fields(tmp_path: Path) -> None:
@@ -359,7 +290,7 @@ def test_a_missing_shard_makes_a_partial_card_that_will_not_load(tmp_path: Path)
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))
     # The head's file is missing: no layer can run here, and loading says which file lacks.
     assert read_card(folder).layers_on_disk == ()
-    assert models.missing_weight_files(folder) == ["model-00002-of-00002.safetensors"]
+    assert missing_weight_files(folder) == ["model-00002-of-00002.safetensors"]
 
 
 def test_missing_tokenizer(tmp_path: Path) -> None:
@@ -375,161 +306,3 @@ def test_other_tokenizer_files_are_enough(tmp_path: Path, name: str) -> None:
     folder = write_model(tmp_path / "m", tokenizer=False)
     (folder / name).write_text("{}")
     assert read_card(folder).name == "m"
-
-
-# ------------------------------------------------------------------------------ discovery
-
-
-def make_models_dir(root: Path) -> Path:
-    write_model(root / "alpha")
-    write_model(root / "org" / "beta")
-    write_model(root / "broken", files={})  # has config.json but no weights
-    (root / "notes").mkdir()  # no config.json anywhere: ignored
-    (root / "notes" / "readme.txt").write_text("hi")
-    write_model(root / ".hidden")  # dot folders are ignored
-    return root
-
-
-def test_models_dir_discovery(tmp_path: Path) -> None:
-    root = make_models_dir(tmp_path / "models")
-    cards, skipped = find_models_with_errors([root], include_bundled=False)
-    assert [(c.name, c.source) for c in cards] == [
-        ("alpha", "models_dir"),
-        ("org/beta", "models_dir"),
-    ]
-    assert cards[1].path == str((root / "org" / "beta").resolve())
-    assert [s.path for s in skipped] == [root / "broken"]
-    assert skipped[0].source == "models_dir"
-    assert isinstance(skipped[0].error, ModelFormatError)
-    assert str(root / "broken") in str(skipped[0].error)
-    # find_models drops what failed to read; a missing models dir is no error.
-    names = [c.name for c in find_models([root, tmp_path / "absent"], include_bundled=False)]
-    assert names == ["alpha", "org/beta"]
-
-
-def make_hf_repo(hub: Path, repo_id: str, sha: str, *, ref: str | None = "main") -> Path:
-    """A repo in the real cache layout: blobs, snapshot symlinks into them, refs/<ref>."""
-    repo = hub / ("models--" + repo_id.replace("/", "--"))
-    staging = repo / "staging"
-    write_model(staging)
-    snapshot = repo / "snapshots" / sha
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir(exist_ok=True)
-    for f in sorted(staging.iterdir()):
-        blob = repo / "blobs" / f"{sha[:8]}-{f.name}"
-        f.rename(blob)
-        (snapshot / f.name).symlink_to(os.path.relpath(blob, snapshot))
-    staging.rmdir()
-    if ref:
-        (repo / "refs").mkdir(exist_ok=True)
-        (repo / "refs" / ref).write_text(sha)
-    return snapshot
-
-
-def test_hf_cache_discovery(tmp_path: Path, empty_hf_cache: Path) -> None:
-    hub = empty_hf_cache
-    main = make_hf_repo(hub, "mlx-community/Tiny-4bit", "a" * 40)
-    make_hf_repo(hub, "mlx-community/Tiny-4bit", "b" * 40, ref="old")  # another revision
-    make_hf_repo(hub, "someone/other", "c" * 40)
-    # Broken repos are skipped silently: a dangling blob link, no snapshots at all.
-    broken = make_hf_repo(hub, "someone/broken", "d" * 40)
-    (broken / "model.safetensors").resolve().unlink()
-    (hub / "models--someone--nosnapshots").mkdir()
-    # A dataset and a repo without config.json are not models.
-    (hub / "datasets--someone--data" / "snapshots" / ("e" * 40)).mkdir(parents=True)
-    tok_only = hub / "models--someone--tokenizer" / "snapshots" / ("f" * 40)
-    tok_only.mkdir(parents=True)
-    (tok_only / "tokenizer.json").write_text("{}")
-
-    cards = find_models([], include_bundled=False)
-    assert [(c.name, c.source) for c in cards] == [
-        ("mlx-community/Tiny-4bit", "hf_cache"),
-        ("someone/other", "hf_cache"),
-    ]
-    assert cards[0].path == str(main.resolve())
-    assert cards[0].num_layers == 2
-    assert cards[0].bytes_on_disk == (main / "model.safetensors").stat().st_size
-    assert find_models([], include_bundled=False, include_hf_cache=False) == []
-
-
-def test_hf_cache_missing_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "does-not-exist"))
-    assert find_models([], include_bundled=False) == []
-
-
-def test_hf_home_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HF_HUB_CACHE")
-    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    make_hf_repo(tmp_path / "hf-home" / "hub", "org/name", "a" * 40)
-    assert [c.name for c in find_models([], include_bundled=False)] == ["org/name"]
-
-
-def test_bundled_demo_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    demo = write_model(tmp_path / "demo-model")
-    monkeypatch.setattr(models, "bundled_demo_dir", lambda: demo)
-    root = make_models_dir(tmp_path / "models")
-    cards = find_models([root, demo.parent])  # the demo folder is not listed twice
-    assert [(c.name, c.source) for c in cards][:3] == [
-        ("demo", "bundled"),
-        ("alpha", "models_dir"),
-        ("org/beta", "models_dir"),
-    ]
-    assert "demo-model" not in [c.name for c in cards]
-    assert resolve_model("demo").source == "bundled"
-
-
-def test_bundled_demo_absent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(models, "bundled_demo_dir", lambda: tmp_path / "no-demo")
-    assert find_models([], include_hf_cache=False) == []
-    with pytest.raises(ModelNotFoundError) as e:
-        resolve_model("demo", [])
-    assert str(tmp_path / "no-demo") in e.value.cause
-
-
-# ------------------------------------------------------------------------------ resolve
-
-
-def test_resolve_by_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = write_model(tmp_path / "here")
-    card = resolve_model(str(folder), [])
-    assert (card.name, card.source, card.path) == ("here", "path", str(folder.resolve()))
-    monkeypatch.chdir(tmp_path)
-    assert resolve_model("here", []).source == "path"  # a relative path works too
-
-
-def test_resolve_by_name(
-    tmp_path: Path, empty_hf_cache: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(tmp_path)  # no folder here named like the specs
-    root = make_models_dir(tmp_path / "models")
-    make_hf_repo(empty_hf_cache, "mlx-community/Tiny-4bit", "a" * 40)
-    assert resolve_model("alpha", [root]).source == "models_dir"
-    assert resolve_model("org/beta", [root]).name == "org/beta"
-    assert resolve_model("beta", [root]).name == "org/beta"  # unambiguous last part
-    hf = resolve_model("mlx-community/Tiny-4bit", [root])
-    assert (hf.name, hf.source) == ("mlx-community/Tiny-4bit", "hf_cache")
-    assert resolve_model("tiny-4bit", [root]).name == "mlx-community/Tiny-4bit"  # any case
-    # A named model that is broken says why, rather than "not found".
-    with pytest.raises(ModelFormatError, match="safetensors"):
-        resolve_model("broken", [root])
-
-
-def test_resolve_ambiguous_short_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    root = tmp_path / "models"
-    write_model(root / "a" / "same")
-    write_model(root / "b" / "same")
-    with pytest.raises(ModelNotFoundError) as e:
-        resolve_model("same", [root])
-    assert "a/same" in e.value.cause and "b/same" in e.value.cause
-
-
-def test_resolve_not_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    root = make_models_dir(tmp_path / "models")
-    with pytest.raises(ModelNotFoundError) as e:
-        resolve_model("no-such-model", [root])
-    assert "'no-such-model'" in e.value.cause
-    assert str(root) in e.value.cause
-    assert "exo-tui models" in e.value.fix

@@ -1,0 +1,67 @@
+"""A chat and a stored message as the rest of the app sees them, and a new chat's title."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from engine.types import Frozen, Message
+
+DEFAULT_TITLE = "New chat"
+
+
+TITLE_LENGTH = 40
+
+
+class ChatSummary(Frozen):
+    """A chat as the chat list shows it. ``updated_at`` is when its last message was written."""
+
+    id: str
+    title: str
+    model: str
+    created_at: datetime
+    updated_at: datetime
+    message_count: int
+
+
+class StoredMessage(Frozen):
+    """A message with what the store keeps beside it: its place, its stats and when it came."""
+
+    position: int
+    message: Message
+    stats: dict[str, Any] | None
+    created_at: datetime
+
+
+def auto_title(text: str, limit: int = TITLE_LENGTH) -> str | None:
+    """A chat title from its first user message: whitespace folded, cut at a word near ``limit``."""
+    flat = " ".join(text.split())
+    if not flat:
+        return None
+    if len(flat) <= limit:
+        return flat
+    cut = flat[:limit]
+    space = cut.rfind(" ")
+    if space >= limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,.;:-") + "…"
+
+
+def as_time(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def new_chat(model: str, title: str | None = None) -> ChatSummary:
+    """A chat that exists only in memory until ``append_turn`` writes its first turn."""
+    now = as_time(time.time())
+    clean = " ".join(title.split()) if title is not None else ""
+    return ChatSummary(
+        id=uuid.uuid4().hex,
+        title=clean or DEFAULT_TITLE,
+        model=model,
+        created_at=now,
+        updated_at=now,
+        message_count=0,
+    )
