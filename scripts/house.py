@@ -14,6 +14,18 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("engine", "exo_tui")
 MAX_MODULE_LINES = 600
 MAX_CLASS_METHODS = 40
+# What each layer may import (ARCHITECTURE.md draws it). `rate` and `untrusted` are small
+# helpers every layer of exo_tui may use; `cli` may use everything.
+SHARED = {"rate", "untrusted"}
+LAYER_ARROWS: dict[str, set[str]] = {
+    "engine": set(),
+    "store": {"engine"},
+    "hub": {"engine", "store"},
+    "cluster": {"engine", "hub", "store"},
+    "chat": {"engine", "hub", "store", "cluster"},
+    "commands": {"engine", "hub", "store", "cluster", "chat"},
+    "app": {"engine", "hub", "store", "cluster", "chat"},
+}
 
 
 def module_files() -> Iterator[tuple[str, Path]]:
@@ -76,6 +88,29 @@ def import_graph() -> dict[str, set[str]]:
     return {name: _imported(name, path, known) for name, path in files.items()}
 
 
+def layer_of(module: str) -> str:
+    """`engine`, or the part of exo_tui a module belongs to (`app`, `cluster`, `cli`, ...)."""
+    parts = module.split(".")
+    return parts[0] if parts[0] == "engine" or len(parts) == 1 else parts[1]
+
+
+def layer_violations() -> list[tuple[str, str]]:
+    """Each import (importer, imported) that goes against the layers' arrows."""
+    found: list[tuple[str, str]] = []
+    for module, imported in import_graph().items():
+        source = layer_of(module)
+        allowed = LAYER_ARROWS.get(source)
+        if allowed is None or source in SHARED:  # the CLI and the helpers
+            continue
+        for target in sorted(imported):
+            layer = layer_of(target)
+            if layer != source and layer not in allowed and not (
+                source != "engine" and layer in SHARED
+            ):
+                found.append((module, target))
+    return found
+
+
 def import_cycles() -> list[list[str]]:
     """Each strongly connected set of modules that import one another (Tarjan's algorithm)."""
     graph = import_graph()
@@ -122,6 +157,10 @@ def main() -> None:
     print("classes with the most methods:")
     for name, count in methods[:5]:
         print(f"  {count:5d}  {name}")
+    violations = layer_violations()
+    print(f"imports against the layers' arrows: {len(violations)}")
+    for importer, imported in violations:
+        print(f"  {importer} -> {imported}")
     cycles = import_cycles()
     print(f"import cycles: {len(cycles)}")
     for cycle in cycles:

@@ -1,4 +1,4 @@
-"""The house stays readable: no module over 600 lines, no class over 40 methods, no import cycle."""
+"""The house stays readable: modules and classes within limits, imports one way, no cycle."""
 
 from __future__ import annotations
 
@@ -33,6 +33,17 @@ def test_no_class_has_too_many_methods() -> None:
 def test_no_import_cycle() -> None:
     cycles = house.import_cycles()
     assert not cycles, f"modules that import one another: {cycles}"
+
+
+def test_every_import_follows_the_layers() -> None:
+    violations = house.layer_violations()
+    assert not violations, f"imports against ARCHITECTURE.md's arrows: {violations}"
+
+
+def test_an_upward_import_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = {"exo_tui.hub.fetch": {"exo_tui.app.main"}, "exo_tui.app.main": {"exo_tui.hub.fetch"}}
+    monkeypatch.setattr(house, "import_graph", lambda: graph)
+    assert house.layer_violations() == [("exo_tui.hub.fetch", "exo_tui.app.main")]
 
 
 def test_a_cycle_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
