@@ -245,7 +245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         cluster = cluster_setup(args) if args.cluster else None
         return run_app(
-            model=args.model, models_dirs=args.models_dir, load=args.load, cluster=cluster
+            model=args.model,
+            models_dirs=args.models_dir,
+            load=args.load,
+            cluster=cluster,
+            load_demo=args.model is None,  # the bundled demo, when it is what was found first
         )
     except (EngineError, ClusterError, HubError) as error:
         print(f"exo-tui: {error}", file=sys.stderr)

@@ -5,23 +5,11 @@ from __future__ import annotations
 from textual.binding import Binding
 
 # The tooltip says what the action does: the command palette shows it under the name.
+# The footer shows them in this order, the keys a newcomer needs first.
 APP_BINDINGS: list[Binding] = [
+    Binding("f1", "help", "Help", id="app.help", tooltip="What exo-tui is, and every key"),
     Binding("ctrl+o", "pick_model", "Model", id="app.pick_model", tooltip="Pick a model to run"),
-    Binding(
-        "ctrl+t",
-        "toggle_strategy",
-        "Strategy",
-        id="app.toggle_strategy",
-        tooltip="Switch between pipeline and tensor sharding",
-    ),
     Binding("ctrl+l", "launch", "Launch", id="app.launch", tooltip="Load the placement shown"),
-    Binding(
-        "f2", "choose_nodes", "Nodes", id="app.choose_nodes", tooltip="Choose the nodes to place on"
-    ),
-    # Priority: the prompt (a TextArea) would take Ctrl+U as "delete to line start".
-    Binding(
-        "ctrl+u", "unload", "Unload", id="app.unload", priority=True, tooltip="Unload the model"
-    ),
     Binding(
         "escape", "stop", "Stop", id="app.stop", tooltip="Stop the answer, the load or the download"
     ),
@@ -29,6 +17,28 @@ APP_BINDINGS: list[Binding] = [
     Binding(
         "ctrl+r", "chats", "Chats", id="app.chats", tooltip="Reopen, rename, delete or export chats"
     ),
+    Binding(
+        "ctrl+t",
+        "toggle_strategy",
+        "Strategy",
+        id="app.toggle_strategy",
+        tooltip="Switch between pipeline and tensor sharding",
+    ),
+    Binding(
+        "f2", "choose_nodes", "Nodes", id="app.choose_nodes", tooltip="Choose the nodes to place on"
+    ),
+    Binding(
+        "ctrl+u",
+        "unload",
+        "Unload",
+        id="app.unload",
+        # Priority: the prompt (a TextArea) would take Ctrl+U as "delete to line start". Out of
+        # the footer (priority keys go first there); the launch panel says it when it applies.
+        priority=True,
+        show=False,
+        tooltip="Unload the model",
+    ),
+    Binding("ctrl+q", "quit", "Quit", id="app.quit", tooltip="Quit exo-tui"),
     Binding(
         "ctrl+s",
         "export_chat",
@@ -45,9 +55,7 @@ APP_BINDINGS: list[Binding] = [
         show=False,
         tooltip="Copy the last answer to the clipboard",
     ),
-    Binding("f1", "help", "Help", id="app.help", tooltip="What exo-tui is, and every key"),
     Binding("question_mark", "help", "Help", id="app.help_key", show=False),
-    Binding("ctrl+q", "quit", "Quit", id="app.quit", tooltip="Quit exo-tui"),
 ]
 # Not in the palette: the same action as another binding, or one Textual's palette lists.
 PALETTE_SKIPS = frozenset({"app.help_key", "app.quit"})

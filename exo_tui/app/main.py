@@ -89,6 +89,7 @@ class ExoTuiApp(App[None]):
         models_dirs: list[Path] | None = None,
         load: bool = False,
         chat_db: Path | None = None,
+        load_demo: bool = False,
         node_stats: Callable[[Sequence[str]], NodeStats] = local_node_stats,
         bundled: bool = True,
         cluster: ClusterSetup | None = None,
@@ -114,7 +115,7 @@ class ExoTuiApp(App[None]):
         tools = builtin_registry(lambda: cluster_summary(self.state, self._model_name()))
         self.conversation = Conversation(self, tools, self._in_flight, lambda: self._screen_cpu)
         offered = tuple(catalogue) if catalogue is not None else load_catalogue()
-        self.main = MainScreen(self, models_dirs, bundled, offered, model, load)
+        self.main = MainScreen(self, models_dirs, bundled, offered, model, load, load_demo)
 
     # Layout
 
@@ -459,6 +460,7 @@ def run_app(
     models_dirs: list[Path] | None = None,
     load: bool = False,
     cluster: ClusterSetup | None = None,
+    load_demo: bool = False,
 ) -> int:
     identity = cluster.identity if cluster is not None else None
 
@@ -466,7 +468,12 @@ def run_app(
         return local_node_stats(models, identity=identity)
 
     app = ExoTuiApp(
-        model=model, models_dirs=models_dirs, load=load, node_stats=node_stats, cluster=cluster
+        model=model,
+        models_dirs=models_dirs,
+        load=load,
+        node_stats=node_stats,
+        cluster=cluster,
+        load_demo=load_demo,
     )
     app.run()
     unsaved, store = app.conversation.unsaved, app.conversation.store

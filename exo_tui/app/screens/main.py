@@ -27,6 +27,7 @@ from engine.loading import LoadedModel, run_loading
 from engine.models.weights import require_weight_files
 from engine.types import LoadProgress, ModelCard, Strategy
 from exo_tui.app import garbage
+from exo_tui.app.chat_status import chat_title, empty_hint
 from exo_tui.app.conversation import Conversation
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
@@ -99,7 +100,10 @@ class MainScreen(Screen[None]):
         catalogue: Sequence[CatalogueEntry],
         preselect: str | None,
         load_at_start: bool,
+        load_demo: bool = False,
     ) -> None:
+        """`load_demo`: with no model asked for, load the bundled demo once it is found, so a
+        newcomer's first key is a question."""
         super().__init__(id="_default")
         self._host = host
         self._models_dirs = models_dirs
@@ -107,6 +111,7 @@ class MainScreen(Screen[None]):
         self._catalogue = catalogue
         self._preselect = preselect
         self._load_at_start = load_at_start
+        self._load_demo = load_demo
         self.cards: list[ModelCard] = []
         self._load_started: float | None = None
         self._load_clock: Timer | None = None
@@ -124,7 +129,6 @@ class MainScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#chat", Vertical).border_title = "Chat"
         self.post_message(self.Ready())
 
     # Drawing
@@ -137,6 +141,10 @@ class MainScreen(Screen[None]):
         selection = self._host.selection
         panel.show(selection.card, selection.strategy, selection.placement, names)
         panel.set_status(self._status_text())
+        model = selection.card.name if selection.card is not None else None
+        answering = self._host.conversation.generating
+        self.query_one("#chat", Vertical).border_title = chat_title(model, state, answering)
+        self.query_one(ChatPane).set_hint(empty_hint(model, state))
 
     def _status_text(self) -> Text:
         state = self._host.state
@@ -193,8 +201,11 @@ class MainScreen(Screen[None]):
             self._choose_path(wanted)
         elif chosen is not None or cards:
             self.choose_model(chosen or cards[0])
-        if self._load_at_start:
-            self._load_at_start = False  # models are found again after each download
+        card = self._host.selection.card
+        demo = self._load_demo and not wanted and card is not None and card.source == "bundled"
+        if self._load_at_start or demo:
+            # Once: models are found again after each download.
+            self._load_at_start = self._load_demo = False
             self.launch()
 
     def _choose_path(self, spec: str) -> None:

@@ -380,6 +380,7 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         height: 1fr;
         padding: 0 1 1 1;
         & > .chat-log { height: auto; min-height: 100%; }
+        & .chat-hint { color: $text-muted; padding: 1 0; }
     }
     """
 
@@ -389,9 +390,21 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         # conversation would sit at the bottom, and the first scroll jumps it to the top);
         # a log at least as tall as the view avoids that.
         self._log = _ChatLog(classes="chat-log")
+        self._hint = Static("", classes="chat-hint")
 
     def compose(self) -> ComposeResult:
         yield self._log
+
+    def set_hint(self, text: str) -> None:
+        """What an empty chat says to do; the first entry hides it."""
+        self._hint.update(text)
+        if not self._hint.is_attached:
+            self._log.mount(self._hint)
+        self._hint.display = not self.entries()
+
+    def entries(self) -> list[Widget]:
+        """The conversation's entries on screen (the hint aside)."""
+        return [child for child in self._log.children if child is not self._hint]
 
     def on_mount(self) -> None:
         # Anchoring keeps the view at the bottom as content grows, at layout time, which a
@@ -411,7 +424,10 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
     def remove_children(
         self, selector: str | type[QueryType] | Iterable[Widget] = "*"
     ) -> AwaitRemove:
-        """Remove conversation entries; the log that holds them stays."""
+        """Remove conversation entries; the log that holds them (and the hint) stays."""
+        if selector == "*":
+            selector = self.entries()
+        self._hint.display = True
         return self._log.remove_children(selector)
 
     def show_messages(self, messages: Sequence[ChatMessage]) -> AwaitComplete:
@@ -431,7 +447,8 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
             widgets.append(AnswerView(answer))
 
         async def show() -> None:
-            await self._log.remove_children()
+            await self._log.remove_children(self.entries())
+            self._hint.display = not widgets
             await self._log.mount_all(widgets)
             self.scroll_end(animate=False)
 
@@ -456,6 +473,7 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
     def _append(self, *widgets: Widget) -> AwaitMount:
         # An anchored view follows at layout time; scrolling as well would cost one more.
         scroll = self.is_vertical_scroll_end and not self._held_by_anchor
+        self._hint.display = False
         mounted = self._log.mount_all(widgets)
         if scroll:
             self.scroll_end(animate=False)
@@ -479,9 +497,16 @@ class PromptInput(TextArea):
         # Priority, or TextArea would take Enter as a newline before any binding sees it. A
         # priority binding runs ahead of the keys still queued for the prompt, so the send itself
         # waits in the prompt's queue behind them (`_SendNow`).
-        Binding("enter", "send", "Send", id="prompt.send", priority=True),
-        Binding("ctrl+j,shift+enter", "newline", "Newline", id="prompt.newline"),
-        Binding("up", "history_previous", "Previous prompt", id="prompt.history_previous"),
+        # Out of the footer: the prompt's placeholder says them, the footer keeps its room.
+        Binding("enter", "send", "Send", id="prompt.send", priority=True, show=False),
+        Binding("ctrl+j,shift+enter", "newline", "Newline", id="prompt.newline", show=False),
+        Binding(
+            "up",
+            "history_previous",
+            "Previous prompt",
+            id="prompt.history_previous",
+            show=False,
+        ),
         Binding("down", "history_next", "Next prompt", id="prompt.history_next", show=False),
     ]
 

@@ -1,0 +1,107 @@
+"""The chat's border names the model and its state; an empty chat says what to do next."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from textual.containers import Vertical
+
+from engine.types import ModelCard
+from exo_tui.app.chat_status import EXAMPLES, model_state
+from exo_tui.app.widgets.chat import ChatPane, PromptInput, StatsLine
+from exo_tui.cluster.control.placement import Placement, place
+from exo_tui.cluster.control.state import (
+    ClusterState,
+    InstancePlaced,
+    LoadProgressed,
+    LoadStarted,
+    NodeSeen,
+    apply,
+)
+from tests.app.helpers import fixed_stats, wait_until
+from tests.app.test_app import SIZE, launch, make_app
+
+pytestmark = pytest.mark.anyio
+
+
+def hint_of(pane: ChatPane) -> str:
+    hint = pane.query_one(".chat-hint")
+    return str(hint.render()) if hint.display else ""
+
+
+async def test_the_border_and_the_hint_follow_the_model(models_dir: Path) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.screen.query_one("#chat", Vertical)
+        pane = app.query_one(ChatPane)
+        await wait_until(pilot, lambda: chat.border_title == "Chat · tiny-llama · not loaded")
+        assert hint_of(pane) == "tiny-llama is not loaded: Ctrl+L loads it."
+
+        await launch(app, pilot)
+        await wait_until(pilot, lambda: chat.border_title == "Chat · tiny-llama · ready")
+        assert all(question in hint_of(pane) for question in EXAMPLES)
+
+        await pilot.click(PromptInput)
+        await pilot.press(*"Hi", "enter")
+        await wait_until(pilot, lambda: bool(app.query(StatsLine)))
+        assert hint_of(pane) == ""
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: "try one that uses its tools" in hint_of(pane))
+
+
+async def test_a_chat_before_any_model_says_how_to_pick_one(tmp_path: Path) -> None:
+    from exo_tui.app.main import ExoTuiApp
+
+    empty = tmp_path / "models"
+    empty.mkdir()
+    app = ExoTuiApp(models_dirs=[empty], node_stats=fixed_stats(), bundled=False)
+    async with app.run_test(size=SIZE) as pilot:
+        pane = app.query_one(ChatPane)
+        await wait_until(pilot, lambda: hint_of(pane) == "No model chosen: Ctrl+O picks one.")
+
+
+def test_loading_counts_the_layers_of_every_node() -> None:
+    card = ModelCard(
+        name="m", path="/m", source="models_dir", model_type="llama", num_layers=16,
+        hidden_size=64, num_attention_heads=4, num_kv_heads=2, head_dim=16, vocab_size=768,
+        context_length=2048, quantization=None, dtype="float32", bytes_on_disk=1_000_000,
+        num_parameters=250_000, supports_tensor=True,
+    )  # fmt: skip
+    state = ClusterState()
+    for node in ("a", "b"):
+        stats = fixed_stats()(()).model_copy(update={"node_id": node, "name": node})
+        state = apply(state, NodeSeen(stats=stats, at=0.0))
+    placement = place(tuple(n.stats for n in state.online_nodes), card, "pipeline")
+    assert isinstance(placement, Placement)
+    state = apply(state, InstancePlaced(placement=placement))
+    assert model_state(state, answering=False) == "not loaded"
+    for node in ("a", "b"):
+        state = apply(state, LoadStarted(node_id=node, model="m", total=8))
+    state = apply(state, LoadProgressed(node_id="a", layers_loaded=5, total=8))
+    assert model_state(state, answering=False) == "loading 5/16"
+
+
+async def test_with_no_model_asked_for_the_demo_loads_by_itself(tmp_path: Path) -> None:
+    from exo_tui.app.main import ExoTuiApp
+
+    empty = tmp_path / "models"
+    empty.mkdir()
+    app = ExoTuiApp(models_dirs=[empty], node_stats=fixed_stats(), load_demo=True)
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.screen.query_one("#chat", Vertical)
+        await wait_until(pilot, lambda: chat.border_title == "Chat · demo · ready", timeout=60)
+        assert app.conversation.backend is not None
+
+
+async def test_a_model_asked_for_by_name_waits_for_ctrl_l(models_dir: Path) -> None:
+    from exo_tui.app.main import ExoTuiApp
+
+    app = ExoTuiApp(
+        model="tiny-llama", models_dirs=[models_dir], node_stats=fixed_stats(), load_demo=True
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.screen.query_one("#chat", Vertical)
+        await wait_until(pilot, lambda: chat.border_title == "Chat · tiny-llama · not loaded")
+        await pilot.pause(0.5)
+        assert app.conversation.backend is None
