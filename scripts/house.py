@@ -104,8 +104,10 @@ def layer_violations() -> list[tuple[str, str]]:
             continue
         for target in sorted(imported):
             layer = layer_of(target)
-            if layer != source and layer not in allowed and not (
-                source != "engine" and layer in SHARED
+            if (
+                layer != source
+                and layer not in allowed
+                and not (source != "engine" and layer in SHARED)
             ):
                 found.append((module, target))
     return found
