@@ -85,7 +85,8 @@ async def through_app(
     from textual import events
 
     from exo_tui.app.main import ExoTuiApp
-    from exo_tui.app.widgets.chat import PromptInput, StatsLine
+    from exo_tui.app.widgets.chat import StatsLine
+    from exo_tui.app.widgets.prompt import PromptInput
     from exo_tui.chat.backend import LocalBackend
     from exo_tui.chat.tools import ToolRegistry
     from tests.app.helpers import fixed_stats

@@ -23,7 +23,8 @@ from exo_tui.app.keys import shown
 from exo_tui.app.messages import HistorySaved, TurnEnded
 from exo_tui.app.pacing import RedrawPacer
 from exo_tui.app.unsaved import UnsavedTurns
-from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput
+from exo_tui.app.widgets.chat import AnswerView, ChatPane
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.backend import Backend
 from exo_tui.chat.tools import ToolRegistry
 from exo_tui.chat.turn import TurnEvent, chat_turn
@@ -78,6 +79,7 @@ class Conversation:
         self._cancel = threading.Event()
         self._draft_timer: Timer | None = None
         self._save_problem: str | None = None  # the one the user was last told of
+        self._answer: AnswerView | None = None  # the answer streaming, or the last one
         self._deleted: set[str] = set()  # chats deleted while open: a late turn is not saved
 
     def open_store(self, chat_db: Path | None) -> str | None:
@@ -108,7 +110,7 @@ class Conversation:
             max_tokens=self.max_tokens,
             temperature=0.0,
         )
-        answer = AnswerView()
+        answer = self._answer = AnswerView()
         self.set_generating(True)
         cancel = self._cancel = threading.Event()
         backend.stop_prefill()  # stop prefilling for this turn: it is here
@@ -215,8 +217,10 @@ class Conversation:
             prompt.cursor_blink = not generating
 
     def stop(self) -> None:
-        """Stop the answer at its next step."""
+        """Stop the answer at its next step, and say so at once."""
         self._cancel.set()
+        if self._answer is not None and self._answer.is_attached:
+            self._answer.stopping()
 
     def stop_all(self) -> None:
         """Quitting: the answer and any prefill stop at their next step."""

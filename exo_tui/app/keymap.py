@@ -38,7 +38,7 @@ def binding_scopes() -> dict[str, list[Binding]]:
     from exo_tui.app.screens.help import HelpScreen
     from exo_tui.app.screens.model_picker import ModelPicker
     from exo_tui.app.screens.nodes import NodesScreen
-    from exo_tui.app.widgets.chat import PromptInput
+    from exo_tui.app.widgets.prompt import PromptInput
 
     def bindings(items: Iterable[BindingType]) -> list[Binding]:
         return [item for item in items if isinstance(item, Binding)]

@@ -40,7 +40,8 @@ from exo_tui.app.screens.main import MainScreen
 from exo_tui.app.screens.nodes import Cancelled as NODES_CANCELLED
 from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.selection import Selection
-from exo_tui.app.widgets.chat import AnswerView, PromptInput
+from exo_tui.app.widgets.chat import AnswerView
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.tools import builtin_registry
 from exo_tui.cluster.control.state import (
     ClusterEvent,

@@ -17,9 +17,10 @@ from engine.types import DoneChunk, Stats, TextChunk, ToolCallChunk, ToolResult,
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.model_picker import ModelPicker
 from exo_tui.app.screens.nodes import NodesScreen
-from exo_tui.app.widgets.chat import ChatPane, PromptInput
+from exo_tui.app.widgets.chat import ChatPane
 from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.nodes import NodeCard
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.cluster.control.placement import Placement
 from exo_tui.cluster.control.state import (
     DownloadProgressed,

@@ -16,9 +16,10 @@ from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.chats import ChatsScreen
 from exo_tui.app.screens.help import HelpScreen
 from exo_tui.app.screens.model_picker import ModelPicker
-from exo_tui.app.widgets.chat import AnswerView, ChatPane, PromptInput, StatsLine, UserMessage
+from exo_tui.app.widgets.chat import AnswerView, ChatPane, StatsLine, UserMessage
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodeCard
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.cluster.control.state import ClusterEvent, LoadProgressed, RunnerFailed, RunnerReady
 from exo_tui.store.opening import open_chat_store
 from tests.app.helpers import GB, fixed_stats, wait_until

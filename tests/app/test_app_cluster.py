@@ -12,8 +12,9 @@ from textual.widgets import SelectionList, Static
 
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.nodes import NodesScreen
-from exo_tui.app.widgets.chat import AnswerView, ErrorLine, PromptInput, StatsLine
+from exo_tui.app.widgets.chat import AnswerView, ErrorLine, StatsLine
 from exo_tui.app.widgets.nodes import NodeCard
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.cluster.control.placement import Placement
 from exo_tui.cluster.control.state import RunnerReady
 from exo_tui.cluster.identity import ClusterKey, load_node_identity

@@ -11,8 +11,9 @@ import pytest
 from textual.widgets import Label
 
 from exo_tui.app.screens.download_confirm import DownloadConfirm
-from exo_tui.app.widgets.chat import AnswerView, PromptInput, StatsLine
+from exo_tui.app.widgets.chat import AnswerView, StatsLine
 from exo_tui.app.widgets.nodes import NodeCard
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.cluster.control.placement import Placement
 from exo_tui.cluster.control.state import ClusterEvent, DownloadProgressed, RunnerReady
 from exo_tui.cluster.identity import load_node_identity

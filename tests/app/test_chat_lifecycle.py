@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from exo_tui.app.screens.chats import ChatsScreen
-from exo_tui.app.widgets.chat import PromptInput, StatsLine, UserMessage
+from exo_tui.app.widgets.chat import StatsLine, UserMessage
+from exo_tui.app.widgets.prompt import PromptInput
 from tests.app.helpers import wait_until
 from tests.app.test_app import SIZE, launch, make_app
 

@@ -9,7 +9,8 @@ from textual.containers import Vertical
 
 from engine.types import ModelCard
 from exo_tui.app.chat_status import EXAMPLES, model_state
-from exo_tui.app.widgets.chat import ChatPane, PromptInput, StatsLine
+from exo_tui.app.widgets.chat import ChatPane, StatsLine
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.cluster.control.placement import Placement, place
 from exo_tui.cluster.control.state import (
     ClusterState,

@@ -8,7 +8,7 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.color import Color
 from textual.pilot import Pilot
-from textual.widgets import Collapsible, Markdown
+from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownFence
 
 from engine.types import (
@@ -28,12 +28,12 @@ from exo_tui.app.widgets.chat import (
     AnswerView,
     ChatPane,
     ErrorLine,
-    PromptInput,
     StatsLine,
     ToolCallView,
     UserMessage,
     format_stats,
 )
+from exo_tui.app.widgets.prompt import PromptInput
 from tests.app.helpers import wait_until
 
 SIZE = (100, 30)
@@ -82,7 +82,7 @@ def done(
     )
 
 
-def plain(widget: ErrorLine | StatsLine | UserMessage) -> str:
+def plain(widget: ErrorLine | StatsLine | UserMessage | Static) -> str:
     return str(widget.render())
 
 
@@ -461,3 +461,29 @@ async def test_a_part_that_came_whole_is_not_parsed_again_when_it_ends() -> None
         await pilot.pause()
         assert list(markdown.children) == blocks  # the same blocks: no second parse
         assert markdown.source == "All of it **at once**."
+
+
+@pytest.mark.anyio
+async def test_an_answer_says_it_waits_then_shows_its_first_words() -> None:
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        pane, answer = await start(pilot)
+        assert str(answer.render()) == "waiting for the model · 0 s · Esc stops"
+        await wait_until(pilot, lambda: "· 1 s ·" in str(answer.render()), timeout=5)
+        await answer.feed(TextChunk(text="Hello"))
+        await wait_until(pilot, lambda: bool(answer.children))
+        assert "waiting" not in str(answer.render())  # a container from now on
+        assert answer.text == "Hello"
+
+
+@pytest.mark.anyio
+async def test_stopping_is_said_at_once_and_goes_with_the_stats() -> None:
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        pane, answer = await start(pilot)
+        await answer.feed(TextChunk(text="Hello"))
+        answer.stopping()
+        wait = answer.query_one(".answer-wait", Static)
+        await wait_until(pilot, lambda: plain(wait) == "Stopping…")
+        await answer.feed(done("cancelled", completion_tokens=1))
+        await wait_until(pilot, lambda: not answer.query(".answer-wait"))
+        assert answer.query(StatsLine)
+        assert "tok/s" not in plain(answer.query_one(StatsLine))  # one token gives no rate

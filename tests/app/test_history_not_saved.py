@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from exo_tui.app.main import ExoTuiApp
-from exo_tui.app.widgets.chat import PromptInput, StatsLine
+from exo_tui.app.widgets.chat import StatsLine
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.cluster.control.state import RunnerReady
 from tests.app.helpers import fixed_stats, wait_until
 

@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Static
 from textual.widgets._footer import FooterKey  # pyright: ignore[reportPrivateUsage]
 
 from exo_tui.app.screens.help import HelpScreen
-from exo_tui.app.widgets.chat import PromptInput
+from exo_tui.app.widgets.prompt import PromptInput
 from tests.app.helpers import wait_until
 from tests.app.test_app import SIZE, make_app
 

@@ -15,7 +15,8 @@ from engine.generate import next_turn_prefix, render_prompt
 from engine.loading import LoadedModel
 from engine.types import ChatRequest, Message
 from exo_tui.app.main import ExoTuiApp
-from exo_tui.app.widgets.chat import PromptInput, StatsLine
+from exo_tui.app.widgets.chat import StatsLine
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.backend import LocalBackend
 from exo_tui.cluster.control.state import RunnerReady
 from tests.app.helpers import fixed_stats, wait_until

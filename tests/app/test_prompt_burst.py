@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from textual import events
 
-from exo_tui.app.widgets.chat import PromptInput
+from exo_tui.app.widgets.prompt import PromptInput
 from tests.app.helpers import wait_until
 from tests.app.test_chat_widgets import SIZE, ChatApp
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from exo_tui.app.screens.chats import ChatsScreen
-from exo_tui.app.widgets.chat import PromptInput
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.store.settings import Settings, load_settings, save_settings
 from tests.app.helpers import wait_until
 from tests.app.test_app import SIZE, launch, make_app

@@ -11,7 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Markdown
 
 from exo_tui.app.keys import shown
-from exo_tui.app.widgets.chat import PromptInput
+from exo_tui.app.widgets.prompt import PromptInput
 
 ABOUT = """\
 # exo-tui

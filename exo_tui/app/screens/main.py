@@ -36,10 +36,11 @@ from exo_tui.app.messages import ClusterChanged, ModelLoaded
 from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.selection import Selection
-from exo_tui.app.widgets.chat import ChatPane, PromptInput
+from exo_tui.app.widgets.chat import ChatPane
 from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
+from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.backend import ClusterBackend, LocalBackend
 from exo_tui.cluster.control.coordinator import Fetches, plan_fetches
 from exo_tui.cluster.control.placement import Placement

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Literal, Self
+from typing import Any, Literal, Self
 
-from textual import on
-from textual.app import ComposeResult
+from textual.app import ComposeResult, RenderResult
 from textual.await_complete import AwaitComplete
 from textual.await_remove import AwaitRemove
-from textual.binding import Binding, BindingType
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.css.query import QueryType
@@ -18,7 +17,7 @@ from textual.geometry import Region, Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import AwaitMount, Widget
-from textual.widgets import Collapsible, Markdown, Static, TextArea
+from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownBlock, MarkdownStream
 
 from engine.types import (
@@ -42,14 +41,10 @@ def format_stats(done: DoneChunk) -> str:
     tokens = f"{usage.prompt_tokens}+{usage.completion_tokens} tokens"
     if usage.cached_tokens:
         tokens += f" ({usage.cached_tokens} cached)"
-    return " · ".join(
-        (
-            f"TTFT {stats.ttft_s * 1000:.0f} ms",
-            f"{stats.decode_tps:.1f} tok/s",
-            tokens,
-            done.finish_reason.replace("_", " "),
-        )
-    )
+    parts = [f"TTFT {stats.ttft_s * 1000:.0f} ms"]
+    if usage.completion_tokens > 1:  # one token has a time to it, not a rate
+        parts.append(f"{stats.decode_tps:.1f} tok/s")
+    return " · ".join((*parts, tokens, done.finish_reason.replace("_", " ")))
 
 
 class _SizedByTheLayout:
@@ -238,6 +233,7 @@ class AnswerView(_SizedByTheLayout, Widget):
         height: auto;
         margin: 1 0 0 0;
         & > Markdown { padding: 0 1; margin: 0; }
+        & > .answer-wait { padding: 0 1; color: $text-muted; }
         & > Collapsible {
             margin: 0 1 1 1;
             padding-bottom: 0;
@@ -265,6 +261,12 @@ class AnswerView(_SizedByTheLayout, Widget):
         self._reasoning: Collapsible | None = None
         self._tools: dict[str, ToolCallView] = {}
         self._stored: list[Widget] = self._stored_widgets(messages)
+        # A streamed answer says it is waiting (and for how long) until its first chunk. It
+        # draws that itself while it holds nothing (a widget with nothing to show would show
+        # its own name), so the first words replace it in the layout they cost anyway.
+        self._wait_started = time.monotonic()
+        self._streamed = not messages
+        self._stopping: Static | None = None  # "Stopping…", once the user asked
 
     @property
     def text(self) -> str:
@@ -273,6 +275,28 @@ class AnswerView(_SizedByTheLayout, Widget):
 
     def compose(self) -> ComposeResult:
         yield from self._stored
+
+    def on_mount(self) -> None:
+        if self._streamed:
+            self.set_interval(1.0, self._tick)
+
+    def render(self) -> RenderResult:
+        if self.children or not self._streamed:
+            return super().render()
+        waited = time.monotonic() - self._wait_started
+        return Content.styled(
+            f"waiting for the model · {waited:.0f} s · {shown('app.stop')} stops", "dim"
+        )
+
+    def _tick(self) -> None:
+        if not self.children:
+            self.refresh()  # the same one line: a repaint, not a layout
+
+    def stopping(self) -> None:
+        """The user asked to stop: say so at once (the model stops at its next step)."""
+        if self._stopping is None:
+            self._stopping = Static("Stopping…", classes="answer-wait")
+            self.mount(self._stopping)
 
     async def feed(self, chunk: Chunk) -> None:
         """Show one more chunk of the generation."""
@@ -335,6 +359,8 @@ class AnswerView(_SizedByTheLayout, Widget):
             self._texts.append(self._part.pieces)
 
     def _add(self, widget: Widget) -> AwaitMount:
+        if self._stopping is not None and isinstance(widget, StatsLine):
+            self._stopping.remove()  # the stats line says how it ended
         # A round that ended in tool calls has its stats line mid-answer: give it air below.
         if self.children and isinstance(last := self.children[-1], StatsLine):
             last.add_class("-mid-answer")
@@ -478,141 +504,3 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         if scroll:
             self.scroll_end(animate=False)
         return mounted
-
-
-class PromptInput(TextArea):
-    """The prompt: several lines, Enter sends, Up and Down at the edges walk the history."""
-
-    DEFAULT_CSS = """
-    PromptInput {
-        height: auto;
-        min-height: 3;
-        max-height: 10;
-        border: tall $primary 50%;
-        &:focus { border: tall $primary; }
-    }
-    """
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        # Priority, or TextArea would take Enter as a newline before any binding sees it. A
-        # priority binding runs ahead of the keys still queued for the prompt, so the send itself
-        # waits in the prompt's queue behind them (`_SendNow`).
-        # Out of the footer: the prompt's placeholder says them, the footer keeps its room.
-        Binding("enter", "send", "Send", id="prompt.send", priority=True, show=False),
-        Binding("ctrl+j,shift+enter", "newline", "Newline", id="prompt.newline", show=False),
-        Binding(
-            "up",
-            "history_previous",
-            "Previous prompt",
-            id="prompt.history_previous",
-            show=False,
-        ),
-        Binding("down", "history_next", "Next prompt", id="prompt.history_next", show=False),
-    ]
-
-    class Submitted(Message):
-        """The user sent a prompt."""
-
-        def __init__(self, prompt_input: PromptInput, text: str) -> None:
-            super().__init__()
-            self.prompt_input = prompt_input
-            self.text = text
-
-        @property
-        def control(self) -> PromptInput:
-            return self.prompt_input
-
-    def __init__(
-        self,
-        text: str = "",
-        *,
-        history: Sequence[str] = (),
-        placeholder: str | None = None,
-        id: str | None = None,
-        classes: str | None = None,
-    ) -> None:
-        super().__init__(
-            text,
-            soft_wrap=True,
-            tab_behavior="focus",
-            highlight_cursor_line=False,
-            placeholder=placeholder if placeholder is not None else self._placeholder(),
-            id=id,
-            classes=classes,
-        )
-        self._history = list(history)
-        self._history_index = len(self._history)
-        self._draft = ""
-
-    @classmethod
-    def _placeholder(cls) -> str:
-        send, newline = (shown(f"prompt.{name}", cls.BINDINGS) for name in ("send", "newline"))
-        return f"Ask anything ({send} sends, {newline} new line)"
-
-    @property
-    def prompt_history(self) -> list[str]:
-        """The prompts sent so far, oldest first, after the `history` passed in.
-
-        (`TextArea.history` is the undo history.)
-        """
-        return list(self._history)
-
-    @property
-    def message(self) -> str:
-        """What sending now would send (blank lines around it dropped)."""
-        return self.text.rstrip().lstrip("\n")
-
-    class _SendNow(Message):
-        """Send what the prompt holds once the keys typed before Enter have landed."""
-
-    def action_send(self) -> None:
-        self.post_message(self._SendNow())
-
-    @on(_SendNow)
-    def _send_now(self, event: _SendNow) -> None:
-        event.stop()
-        text = self.message
-        if not text.strip():
-            return
-        if not self._history or self._history[-1] != text:
-            self._history.append(text)
-        self._history_index = len(self._history)
-        self._draft = ""
-        self.clear()
-        self.post_message(self.Submitted(self, text))
-
-    def give_back(self, text: str) -> None:
-        """A send was refused: put its text back, before anything typed since."""
-        typed = self.text
-        self._load(f"{text}\n{typed}" if typed.strip() else text)
-
-    def action_newline(self) -> None:
-        if not self.read_only:
-            start, end = self.selection
-            self.replace("\n", start, end, maintain_selection_offset=False)
-
-    def action_history_previous(self) -> None:
-        if self._history_index == 0 or not self.navigator.is_first_wrapped_line(
-            self.cursor_location
-        ):
-            self.action_cursor_up()
-            return
-        if self._history_index == len(self._history):
-            self._draft = self.text
-        self._history_index -= 1
-        self._load(self._history[self._history_index])
-
-    def action_history_next(self) -> None:
-        if self._history_index >= len(self._history) or not self.navigator.is_last_wrapped_line(
-            self.cursor_location
-        ):
-            self.action_cursor_down()
-            return
-        self._history_index += 1
-        at_draft = self._history_index == len(self._history)
-        self._load(self._draft if at_draft else self._history[self._history_index])
-
-    def _load(self, text: str) -> None:
-        # replace, not load_text: the walk stays undoable.
-        self.replace(text, self.document.start, self.document.end, maintain_selection_offset=False)
-        self.move_cursor(self.document.end)
