@@ -28,6 +28,7 @@ from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.backend import Backend
 from exo_tui.chat.tools import ToolRegistry
 from exo_tui.chat.turn import TurnEvent, chat_turn
+from exo_tui.store.chat_errors import ChatStoreError
 from exo_tui.store.chats import ChatStore
 from exo_tui.store.opening import open_chat_store
 from exo_tui.store.records import ChatSummary, new_chat
@@ -278,6 +279,17 @@ class Conversation:
             if not self.generating:
                 self._app.query_one(ChatPane).remove_children()
             self._app.notify("The open chat was deleted: the next message starts a new one.")
+
+    def reopen_last(self) -> None:
+        """On start: the chat used last opens again, as the user left it."""
+        if self.store is None:
+            return
+        try:
+            chats = self.store.list_chats()
+            if chats:
+                self.reopen(chats[0], self.store.messages(chats[0].id))
+        except ChatStoreError as error:
+            self._app.notify(f"Could not reopen the last chat: {error}", severity="warning")
 
     def reopen(self, chat: ChatSummary, stored: list[Message]) -> None:
         """Show `chat`: what the store holds of it, then its turns still waiting to be saved."""

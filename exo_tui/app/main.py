@@ -149,6 +149,7 @@ class ExoTuiApp(App[None]):
         notice = self.conversation.open_store(self._chat_db)
         if notice:
             self.notify(notice, severity="warning", timeout=15)
+        self.conversation.reopen_last()
         self.set_interval(SAVE_RETRY_S, self.conversation.save_waiting)
         self.main.find_models()
         if self._cluster is not None:
@@ -383,7 +384,9 @@ class ExoTuiApp(App[None]):
                 return
             self.conversation.reopen(chat, stored)
 
-        self.push_screen(ChatsScreen(store, export_dir=data_dir() / "exports"), reopen)
+        summary = self.conversation.summary
+        open_chat = summary.id if summary is not None else None
+        self.push_screen(ChatsScreen(store, data_dir() / "exports", open_chat), reopen)
 
     def action_export_chat(self) -> None:
         chat, messages = self.conversation.summary, self.conversation.messages

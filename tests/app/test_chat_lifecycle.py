@@ -56,3 +56,32 @@ async def test_a_send_refused_without_a_model_keeps_the_text(models_dir: Path) -
         )
         await wait_until(pilot, lambda: prompt.text == "hello")
         assert not app.query(UserMessage)
+
+
+async def test_the_last_chat_reopens_on_start_and_is_marked_in_the_list(
+    models_dir: Path, exo_home: Path
+) -> None:
+    from textual.widgets import DataTable
+
+    from engine.types import Message
+    from exo_tui.store.chats import ChatStore
+    from exo_tui.store.records import new_chat
+
+    db = exo_home / "data" / "chats.db"
+    db.parent.mkdir(parents=True)
+    with ChatStore(db) as store:
+        for title, question in (("Older", "first question"), ("Latest", "last question")):
+            chat = new_chat("tiny-llama", title=title)
+            turn = [Message(role="user", content=question), Message(role="assistant", content="ok")]
+            store.append_turn(chat, turn)
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: bool(app.query(UserMessage)))
+        assert "last question" in str(app.query_one(UserMessage).render())
+        assert app.conversation.summary is not None
+        assert app.conversation.summary.title == "Latest"
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        table = app.screen.query_one(DataTable)
+        titles = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
+        assert titles == ["● Latest", "Older"]

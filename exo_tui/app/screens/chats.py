@@ -51,10 +51,12 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         Binding("ctrl+s", "export", "Export", id="chats.export"),
     ]
 
-    def __init__(self, store: ChatStore, export_dir: Path) -> None:
+    def __init__(self, store: ChatStore, export_dir: Path, open_chat: str | None = None) -> None:
+        """`open_chat`: the id of the chat on screen, marked in the list."""
         super().__init__()
         self._store = store
         self._export_dir = export_dir
+        self._open_chat = open_chat
         self._chats: list[ChatSummary] = []
         self._armed: str | None = None  # the chat a second Del deletes
 
@@ -84,7 +86,7 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         self._chats = self._store.list_chats()
         for chat in self._chats:
             table.add_row(
-                chat.title,
+                f"● {chat.title}" if chat.id == self._open_chat else chat.title,
                 chat.model,
                 str(chat.message_count),
                 f"{chat.updated_at.astimezone():%Y-%m-%d %H:%M}",
