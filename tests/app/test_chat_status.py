@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from textual.containers import Vertical
 
-from engine.types import ModelCard
 from exo_tui.app.chat_status import EXAMPLES, model_state
 from exo_tui.app.widgets.chat import ChatPane, StatsLine
 from exo_tui.app.widgets.prompt import PromptInput
@@ -22,6 +21,7 @@ from exo_tui.cluster.control.state import (
 )
 from tests.app.helpers import fixed_stats, wait_until
 from tests.app.test_app import SIZE, launch, make_app
+from tests.cards import tiny_card
 
 pytestmark = pytest.mark.anyio
 
@@ -63,12 +63,7 @@ async def test_a_chat_before_any_model_says_how_to_pick_one(tmp_path: Path) -> N
 
 
 def test_loading_counts_the_layers_of_every_node() -> None:
-    card = ModelCard(
-        name="m", path="/m", source="models_dir", model_type="llama", num_layers=16,
-        hidden_size=64, num_attention_heads=4, num_kv_heads=2, head_dim=16, vocab_size=768,
-        context_length=2048, quantization=None, dtype="float32", bytes_on_disk=1_000_000,
-        num_parameters=250_000, supports_tensor=True,
-    )  # fmt: skip
+    card = tiny_card(name="m", num_layers=16)
     state = ClusterState()
     for node in ("a", "b"):
         stats = fixed_stats()(()).model_copy(update={"node_id": node, "name": node})

@@ -6,18 +6,13 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Static
 
-from engine.types import ModelCard
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from tests.app.helpers import wait_until
+from tests.cards import tiny_card
 
 
 def entry(name: str) -> PickerEntry:
-    card = ModelCard(
-        name=name, path=f"/models/{name}", source="models_dir", model_type="llama",
-        num_layers=16, hidden_size=2048, num_attention_heads=32, num_kv_heads=8, head_dim=64,
-        vocab_size=128256, context_length=8192, quantization=None, dtype="bfloat16",
-        bytes_on_disk=2_000_000_000, num_parameters=1_000_000_000, supports_tensor=True,
-    )  # fmt: skip
+    card = tiny_card(name=name, path=f"/models/{name}")
     return PickerEntry(card=card, fits=True, fit_note="fits (pipeline)")
 
 

@@ -11,28 +11,12 @@ from engine.types import ModelCard
 from exo_tui.app.selection import Selection, candidates
 from exo_tui.cluster.control.placement import Placement
 from exo_tui.cluster.control.state import NodeLost, apply
+from tests import cards
 from tests.cluster.test_state import cluster, stats
 
 
 def tiny_card(supports_tensor: bool = True) -> ModelCard:
-    return ModelCard(
-        name="tiny",
-        path="/m",
-        source="models_dir",
-        model_type="llama",
-        num_layers=4,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        vocab_size=768,
-        context_length=2048,
-        quantization=None,
-        dtype="float32",
-        bytes_on_disk=1_000_000,
-        num_parameters=250_000,
-        supports_tensor=supports_tensor,
-    )
+    return cards.tiny_card(supports_tensor=supports_tensor)
 
 
 def test_candidates_are_the_chosen_online_nodes_in_the_order_chosen() -> None:

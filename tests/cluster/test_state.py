@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from engine.types import ModelCard, ShardSpec
+from engine.types import ShardSpec
 from exo_tui.cluster.control.placement import PlacedShard, Placement, place
 from exo_tui.cluster.control.state import (
     FOREIGN_LISTED,
@@ -40,6 +40,7 @@ from exo_tui.cluster.control.state import (
     Unloaded,
     apply,
 )
+from tests.cards import tiny_card
 
 GB = 1_000_000_000
 EMPTY = ClusterState()
@@ -264,24 +265,7 @@ def test_generation_events_only_move_ready_and_generating_runners() -> None:
 
 
 def test_online_nodes_feed_placement() -> None:
-    card = ModelCard(
-        name="tiny",
-        path="/m",
-        source="models_dir",
-        model_type="llama",
-        num_layers=4,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        vocab_size=768,
-        context_length=2048,
-        quantization=None,
-        dtype="float32",
-        bytes_on_disk=1_000_000,
-        num_parameters=250_000,
-        supports_tensor=True,
-    )
+    card = tiny_card()
     state = cluster("a", "b")
     result = place(tuple(n.stats for n in state.online_nodes), card, "pipeline")
     assert isinstance(result, Placement)
