@@ -55,6 +55,14 @@ APP_BINDINGS: list[Binding] = [
         show=False,
         tooltip="Copy the last answer to the clipboard",
     ),
+    Binding(
+        "f4",
+        "copy_code",
+        "Copy code",
+        id="app.copy_code",
+        show=False,
+        tooltip="Copy the last code block of the last answer",
+    ),
     Binding("question_mark", "help", "Help", id="app.help_key", show=False),
 ]
 # Not in the palette: the same action as another binding, or one Textual's palette lists.

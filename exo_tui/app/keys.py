@@ -35,6 +35,11 @@ def pretty(key: str) -> str:
     return "+".join([*(m.title() for m in modifiers), shown])
 
 
+def keys_of(binding: Binding) -> str:
+    """Every key of `binding` as the user has them: "ctrl+c,escape"."""
+    return _remapped.get(binding.id or "", binding.key)
+
+
 def shown(binding_id: str, bindings: Iterable[BindingType] = APP_BINDINGS) -> str:
     """The first key of the binding `binding_id` among `bindings`, as the user has it now."""
     default = next((b.key for b in bindings if isinstance(b, Binding) and b.id == binding_id), None)

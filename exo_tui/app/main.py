@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from textual import on
 from textual.app import App, SystemCommand
-from textual.binding import Binding, BindingType
+from textual.binding import BindingType
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
@@ -31,7 +31,7 @@ from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.failures import cluster_failure
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keymap import KeymapError, binding_scopes, load_keymap
-from exo_tui.app.keys import pretty, shown, use_keymap
+from exo_tui.app.keys import keys_of, pretty, shown, use_keymap
 from exo_tui.app.messages import ClusterChanged, HistorySaved, TurnEnded
 from exo_tui.app.pacing import thread_cpu_clock
 from exo_tui.app.screens.chats import ChatsScreen, write_export
@@ -40,7 +40,7 @@ from exo_tui.app.screens.main import MainScreen
 from exo_tui.app.screens.nodes import Cancelled as NODES_CANCELLED
 from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.selection import Selection
-from exo_tui.app.widgets.chat import AnswerView
+from exo_tui.app.widgets.chat import AnswerView, code_blocks
 from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.tools import builtin_registry
 from exo_tui.cluster.control.state import (
@@ -410,6 +410,16 @@ class ExoTuiApp(App[None]):
         self.copy_to_clipboard(answers[-1].text)
         self.notify("Copied the last answer.")
 
+    def action_copy_code(self) -> None:
+        answers = list(self.query(AnswerView))
+        blocks = code_blocks(answers[-1].text) if answers else []
+        if not blocks:
+            self.notify("The last answer has no code block.")
+            return
+        self.copy_to_clipboard(blocks[-1])
+        lines = blocks[-1].count("\n") + 1
+        self.notify(f"Copied the last code block ({lines} line{'s' if lines > 1 else ''}).")
+
     async def on_unmount(self) -> None:
         sys.setswitchinterval(self._switch_interval)
         # Quitting mid-answer, mid-prefill or mid-load: each stops at its next step.
@@ -434,7 +444,7 @@ class ExoTuiApp(App[None]):
     def action_help(self) -> None:
         rows = [
             (
-                ", ".join(pretty(key) for key in self._keys_of(b).split(",")),
+                ", ".join(pretty(key) for key in keys_of(b).split(",")),
                 b.description,
                 b.id or "",
             )
@@ -454,9 +464,6 @@ class ExoTuiApp(App[None]):
         use_keymap(keymap)
         self._keymap_applied = keymap
         self.set_keymap(keymap)
-
-    def _keys_of(self, binding: Binding) -> str:
-        return self._keymap_applied.get(binding.id or "", binding.key)
 
 
 def run_app(

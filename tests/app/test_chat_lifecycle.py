@@ -85,3 +85,28 @@ async def test_the_last_chat_reopens_on_start_and_is_marked_in_the_list(
         table = app.screen.query_one(DataTable)
         titles = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
         assert titles == ["● Latest", "Older"]
+
+
+async def test_f4_copies_the_last_code_block(models_dir: Path, exo_home: Path) -> None:
+    from engine.types import Message
+    from exo_tui.app.widgets.chat import AnswerView
+    from exo_tui.store.chats import ChatStore
+    from exo_tui.store.records import new_chat
+
+    answer = (
+        "Two ways:\n\n```sh\nls -la\n```\n\nor\n\n```python\nimport os\nprint(os.listdir())\n```\n"
+    )
+    db = exo_home / "data" / "chats.db"
+    db.parent.mkdir(parents=True)
+    with ChatStore(db) as store:
+        turn = [
+            Message(role="user", content="list files"),
+            Message(role="assistant", content=answer),
+        ]
+        store.append_turn(new_chat("tiny-llama", title="Files"), turn)
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: bool(app.query(AnswerView)))
+        await pilot.press("f4")
+        await wait_until(pilot, lambda: app.clipboard == "import os\nprint(os.listdir())")
+        assert any("Copied the last code block (2 lines)" in n.message for n in app._notifications)

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal, Self
 
+from markdown_it import MarkdownIt
 from textual.app import ComposeResult, RenderResult
 from textual.await_complete import AwaitComplete
 from textual.await_remove import AwaitRemove
@@ -33,6 +34,13 @@ from engine.types import Message as ChatMessage
 from exo_tui.app.keys import shown
 
 ToolStatus = Literal["running", "ok", "error", "done"]
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """The fenced and indented code blocks of a Markdown text, in order, as Textual's Markdown
+    parses them (markdown-it)."""
+    tokens = MarkdownIt("gfm-like").parse(markdown)
+    return [t.content.rstrip("\n") for t in tokens if t.type in ("fence", "code_block")]
 
 
 def format_stats(done: DoneChunk) -> str:
