@@ -274,10 +274,10 @@ class Conversation:
         if self.unsaved is not None:
             self.unsaved.forget(chat_id)
         if self.summary is not None and self.summary.id == chat_id:
-            self.summary = None
-            self.messages = []
-            if not self.generating:
-                self._app.query_one(ChatPane).remove_children()
+            if self.generating:  # the answer finishes on screen, into no chat
+                self.summary, self.messages = None, []
+            else:
+                self.new_chat()
             self._app.notify("The open chat was deleted: the next message starts a new one.")
 
     def reopen_last(self) -> None:

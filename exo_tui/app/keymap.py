@@ -15,6 +15,8 @@ from pathlib import Path
 from textual.binding import Binding, BindingType
 from textual.keys import Keys, _character_to_key  # pyright: ignore[reportPrivateUsage]
 
+from exo_tui.app.keys import keys_of
+
 MODIFIERS = frozenset({"ctrl", "shift", "alt", "meta", "super", "hyper"})
 # The names Textual gives keys: its named keys, and each printable character's name.
 KEY_NAMES = frozenset(
@@ -69,11 +71,6 @@ def _line_of(text: str, binding_id: str) -> int:
     return 1
 
 
-def _keys_of(binding: Binding, keymap: Mapping[str, str]) -> list[str]:
-    keys = keymap.get(binding.id or "", binding.key)
-    return [key.strip() for key in keys.split(",") if key.strip()]
-
-
 def load_keymap(
     path: Path, scopes: Mapping[str, Sequence[Binding]] | None = None
 ) -> dict[str, str]:
@@ -112,7 +109,7 @@ def load_keymap(
     for scope, group in scopes.items():
         holders: dict[str, Binding] = {}
         for binding in group:
-            for key in _keys_of(binding, keymap):
+            for key in filter(None, (k.strip() for k in keys_of(binding, keymap).split(","))):
                 other = holders.setdefault(key, binding)
                 if other.action != binding.action and (binding.id in keymap or other.id in keymap):
                     moved = binding if binding.id in keymap else other

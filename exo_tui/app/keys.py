@@ -35,15 +35,15 @@ def pretty(key: str) -> str:
     return "+".join([*(m.title() for m in modifiers), shown])
 
 
-def keys_of(binding: Binding) -> str:
-    """Every key of `binding` as the user has them: "ctrl+c,escape"."""
-    return _remapped.get(binding.id or "", binding.key)
+def keys_of(binding: Binding, keymap: Mapping[str, str] | None = None) -> str:
+    """Every key of `binding` as the user has them ("ctrl+c,escape"): in `keymap`, or by
+    default in the keymap the app applied."""
+    return (_remapped if keymap is None else keymap).get(binding.id or "", binding.key)
 
 
 def shown(binding_id: str, bindings: Iterable[BindingType] = APP_BINDINGS) -> str:
     """The first key of the binding `binding_id` among `bindings`, as the user has it now."""
-    default = next((b.key for b in bindings if isinstance(b, Binding) and b.id == binding_id), None)
-    keys = _remapped.get(binding_id, default)
-    if keys is None:
+    binding = next((b for b in bindings if isinstance(b, Binding) and b.id == binding_id), None)
+    if binding is None:
         raise KeyError(f"no binding {binding_id!r}")
-    return pretty(keys.split(",")[0])
+    return pretty(keys_of(binding).split(",")[0])

@@ -108,7 +108,6 @@ class ExoTuiApp(App[None]):
         self._chat_db = chat_db
         self.state = ClusterState()
         self.selection = Selection()
-        self._keymap_applied: dict[str, str] = {}  # binding id -> keys, from keys.toml
         self._theme_remembered = False  # the saved theme is read at mount, then each change kept
         self._in_flight = WorkInFlight()
         self._switch_interval = sys.getswitchinterval()  # put back when the app ends
@@ -462,7 +461,6 @@ class ExoTuiApp(App[None]):
             self.notify(str(error), severity="error", timeout=15)
             keymap = {}
         use_keymap(keymap)
-        self._keymap_applied = keymap
         self.set_keymap(keymap)
 
 
