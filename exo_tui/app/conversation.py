@@ -210,6 +210,13 @@ class Conversation:
         if message.error:
             self._app.notify(message.error, severity="error", timeout=10)
 
+    def refuse_while_answering(self) -> bool:
+        """True (and a word to the user) when an answer streams: what changes the chat or the
+        model waits for it."""
+        if self.generating:
+            self._app.notify(f"Stop the answer first ({shown('app.stop')}).")
+        return self.generating
+
     def set_generating(self, generating: bool) -> None:
         self.generating = generating
         # A steady cursor while an answer streams: every blink redraws the prompt, and on a

@@ -292,8 +292,7 @@ class ExoTuiApp(App[None]):
         self.dispatch(message.event)
 
     def action_unload(self) -> None:
-        if self.conversation.generating:
-            self.notify(f"Stop the answer first ({shown('app.stop')}).")
+        if self.conversation.refuse_while_answering():
             return
         self.main.cancel_load()
         across = self._node is not None and self._node.coordinator.instance is not None
@@ -323,13 +322,13 @@ class ExoTuiApp(App[None]):
     @on(PromptInput.Submitted)
     async def _prompt(self, event: PromptInput.Submitted) -> None:
         can_answer = self.state.instance_status != "failed"  # failed: launch again
-        shown = await self.conversation.submit(event.text, can_answer)
-        if shown is None:  # refused: the text goes back into the prompt, nothing is lost
+        turn = await self.conversation.submit(event.text, can_answer)
+        if turn is None:  # refused: the text goes back into the prompt, nothing is lost
             event.prompt_input.give_back(event.text)
             return
         for node_id in self._serving_nodes():
             self.dispatch(GenerationStarted(node_id=node_id))
-        await shown
+        await turn
 
     @on(ChatsScreen.Deleted)
     def _chat_deleted(self, message: ChatsScreen.Deleted) -> None:
@@ -360,8 +359,7 @@ class ExoTuiApp(App[None]):
             self.notify(f"{event.worker.name} failed: {event.worker.error}", severity="error")
 
     def action_new_chat(self) -> None:
-        if self.conversation.generating:
-            self.notify(f"Stop the answer first ({shown('app.stop')}).")
+        if self.conversation.refuse_while_answering():
             return
         self.conversation.new_chat()
 
@@ -369,8 +367,7 @@ class ExoTuiApp(App[None]):
         store = self.conversation.store
         if store is None:
             return
-        if self.conversation.generating:  # one rule with a new chat: not while answering
-            self.notify(f"Stop the answer first ({shown('app.stop')}).")
+        if self.conversation.refuse_while_answering():  # the one rule with a new chat
             return
 
         def reopen(chat: ChatSummary | None) -> None:
