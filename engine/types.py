@@ -134,6 +134,8 @@ class ChatRequest(Frozen):
     top_p: float = 1.0
     seed: int | None = None
     enable_thinking: bool | None = None
+    # The answer ends before the first of these strings (which is not shown).
+    stop: tuple[str, ...] = ()
 
 
 # Chunks: what generation yields, one discriminated union.

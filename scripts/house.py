@@ -23,8 +23,9 @@ LAYER_ARROWS: dict[str, set[str]] = {
     "hub": {"engine", "store"},
     "cluster": {"engine", "hub", "store"},
     "chat": {"engine", "hub", "store", "cluster"},
-    "commands": {"engine", "hub", "store", "cluster", "chat"},
-    "app": {"engine", "hub", "store", "cluster", "chat"},
+    "api": {"engine", "hub", "store", "cluster", "chat"},
+    "commands": {"engine", "hub", "store", "cluster", "chat", "api"},
+    "app": {"engine", "hub", "store", "cluster", "chat", "api"},
 }
 
 

@@ -29,6 +29,11 @@ class Backend(Protocol):
     @property
     def card(self) -> ModelCard: ...
 
+    @property
+    def concurrency(self) -> int:
+        """How many `generate` calls it answers at once (the rest wait for a turn)."""
+        ...
+
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         """Stream the answer to `request`; the last chunk is a DoneChunk."""
         ...
@@ -76,6 +81,10 @@ class LocalBackend:
     def card(self) -> ModelCard:
         return self.loaded.card
 
+    @property
+    def concurrency(self) -> int:
+        return 1
+
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         with self._lock:  # after any next-turn prefill has stopped
             # Prefills asked for from here on are for the turn after this one; those asked for
@@ -115,6 +124,10 @@ class ClusterBackend:
     @property
     def card(self) -> ModelCard:
         return self._card
+
+    @property
+    def concurrency(self) -> int:
+        return 1
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         """From any thread but the loop's."""
@@ -161,6 +174,10 @@ class RingBackend:
     @property
     def card(self) -> ModelCard:
         return self._card
+
+    @property
+    def concurrency(self) -> int:
+        return 1
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         return self._chat(request, cancel)
