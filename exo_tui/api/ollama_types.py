@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from engine.types import Frozen
 from exo_tui.api.wire import WireRequest
@@ -54,18 +54,18 @@ class ChatIn(WireRequest):
     model: str
     messages: list[MessageIn] = Field(default_factory=list[MessageIn])
     tools: list[ToolDef] | None = None
-    stream: bool = True
+    stream: StrictBool = True
     options: Options | None = None
-    think: bool | None = None
+    think: StrictBool | None = None
 
 
 class GenerateIn(WireRequest):
     model: str
     prompt: str = ""
     system: str | None = None
-    stream: bool = True
+    stream: StrictBool = True
     options: Options | None = None
-    think: bool | None = None
+    think: StrictBool | None = None
 
 
 class ShowIn(WireRequest):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from engine.types import Frozen
 from exo_tui.api.wire import WireRequest
@@ -59,7 +59,7 @@ class NamedToolChoice(WireRequest):
 
 
 class StreamOptions(WireRequest):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatCompletionRequest(WireRequest):
@@ -67,7 +67,7 @@ class ChatCompletionRequest(WireRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
