@@ -1,4 +1,5 @@
-"""The `exo-tui` command: the TUI by default; `node`, `chat`, `models` and `key` for the shell."""
+"""The `exo-tui` command: the TUI by default; `node`, `chat`, `serve`, `models` and `key` for the
+shell."""
 
 from __future__ import annotations
 
@@ -71,8 +72,10 @@ def _add_models_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_node_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=_port, default=None, help="control port (default 52525)")
+def _add_node_options(parser: argparse.ArgumentParser, port_option: str = "--port") -> None:
+    parser.add_argument(
+        port_option, dest="port", type=_port, default=None, help="control port (default 52525)"
+    )
     parser.add_argument(
         "--peer",
         action="append",
@@ -95,7 +98,9 @@ def _add_no_mdns(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-mdns", action="store_true", help="only dial the --peer addresses")
 
 
-def _add_discovery(parser: argparse.ArgumentParser, discover_help: str) -> None:
+def _add_discovery(
+    parser: argparse.ArgumentParser, discover_help: str, port_option: str = "--port"
+) -> None:
     """What a command that joins the cluster for a moment (with --cluster) takes."""
     parser.add_argument(
         "--discover",
@@ -104,8 +109,66 @@ def _add_discovery(parser: argparse.ArgumentParser, discover_help: str) -> None:
         metavar="S",
         help=f"with --cluster: {discover_help} (default 3)",
     )
-    _add_node_options(parser)
+    _add_node_options(parser, port_option)
     _add_no_mdns(parser)
+
+
+def _host(text: str) -> str:
+    return "127.0.0.1" if text == "localhost" else _address(text)
+
+
+def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = commands.add_parser(
+        "serve", help="serve a model over the OpenAI and Ollama APIs (headless)"
+    )
+    serve.add_argument(
+        "--model", type=_model_spec, help="model name or path (default: the bundled demo)"
+    )
+    serve.add_argument(
+        "--host", type=_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    serve.add_argument(
+        "--port",
+        dest="api_port",
+        type=_port,
+        default=8080,
+        metavar="PORT",
+        help="the API's port (default 8080)",
+    )
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require this key (`Authorization: Bearer KEY`); needed off loopback",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=_at_least_one,
+        default=16,
+        metavar="N",
+        help="requests that may wait for the model; more get 429 (default 16)",
+    )
+    serve.add_argument(
+        "--cluster",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="place the model across the cluster's nodes, as `chat --cluster` does "
+        "(default --no-cluster: this machine)",
+    )
+    serve.add_argument(
+        "--nodes",
+        default=None,
+        metavar="ID,...",
+        help="with --cluster: the nodes to use, by id or name, in ring order (default: all)",
+    )
+    serve.add_argument(
+        "--strategy",
+        choices=["pipeline", "tensor"],
+        default="pipeline",
+        help="with --cluster: split the layers (pipeline) or every layer (tensor)",
+    )
+    _add_discovery(serve, "seconds to look for nodes before placing", "--node-port")
+    _add_models_dir(serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--json", action="store_true", help="JSON Lines on stdout, one per event")
     _add_models_dir(node)
 
+    _add_serve(commands)
+
     key = commands.add_parser("key", help="print the cluster key, to give to your other machines")
     key.add_argument(
         "--show-fingerprint",
@@ -225,6 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from exo_tui.commands.chat import run_chat
 
             return run_chat(args, cluster_setup(args) if args.cluster else None)
+        if args.command == "serve":
+            from exo_tui.commands.serve import run_serve
+
+            return run_serve(args, cluster_setup(args) if args.cluster else None)
         if args.command == "models" and args.models_command == "download":
             from exo_tui.commands.download import run_download
 

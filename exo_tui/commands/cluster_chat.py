@@ -1,4 +1,5 @@
-"""`exo-tui chat --cluster`: find the nodes, place the model across them, load, chat, stop.
+"""`exo-tui chat --cluster`: find the nodes, place the model across them, load, chat, stop
+(`exo-tui serve --cluster` places and loads the same way, then serves).
 
 This process is a node too (it holds a rank when the placement gives it one). Load events name
 the node they come from; the answer and tool calls are the same JSON Lines as a local chat.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,8 +92,26 @@ def run_chat_on_cluster(
     registry: ToolRegistry,
     out: JsonLines | TextOutput,
 ) -> int:
+    async def chat(backend: ClusterBackend) -> int:
+        def turn() -> int:
+            return print_turn(chat_turn(backend, request, registry), out)
+
+        return await anyio.to_thread.run_sync(turn)
+
+    return run_on_cluster(args, setup, card, out, chat)
+
+
+def run_on_cluster(
+    args: argparse.Namespace,
+    setup: ClusterSetup,
+    card: ModelCard,
+    out: JsonLines | TextOutput,
+    use: Callable[[ClusterBackend], Awaitable[int]],
+) -> int:
+    """Place `card` across the cluster, load it, `use` it (a chat turn, the API server), stop
+    it on every node; `use`'s exit code."""
     try:
-        return anyio.run(_chat, args, setup, card, request, registry, out)
+        return anyio.run(_on_cluster, args, setup, card, out, use)
     except BaseExceptionGroup as group:  # the task group wraps what went wrong
         from exo_tui.commands.node import listen_error
 
@@ -111,13 +131,12 @@ def _first_user_error(
     return None
 
 
-async def _chat(
+async def _on_cluster(
     args: argparse.Namespace,
     setup: ClusterSetup,
     card: ModelCard,
-    request: ChatRequest,
-    registry: ToolRegistry,
     out: JsonLines | TextOutput,
+    use: Callable[[ClusterBackend], Awaitable[int]],
 ) -> int:
     state = ClusterState()
     names: dict[str, str] = {}
@@ -153,12 +172,8 @@ async def _chat(
                               blas=f"cluster of {placement.world_size} nodes"))  # fmt: skip
 
         backend = ClusterBackend(node.coordinator, card, asyncio.get_running_loop())
-
-        def turn() -> int:
-            return print_turn(chat_turn(backend, request, registry), out)
-
         try:
-            code = await anyio.to_thread.run_sync(turn)
+            code = await use(backend)
         finally:
             with anyio.CancelScope(shield=True):
                 await node.coordinator.stop()

@@ -1,0 +1,241 @@
+"""The Ollama endpoints: tags, version, show, chat and generate (NDJSON streams by default)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk
+from exo_tui.api.bodies import read_model
+from exo_tui.api.context import (
+    checked,
+    client_of,
+    context_of,
+    json_response,
+    then,
+    watch_disconnect,
+)
+from exo_tui.api.errors import ApiError, bad_request
+from exo_tui.api.loaded import backend_for
+from exo_tui.api.ollama_convert import (
+    chat_request,
+    details,
+    digest,
+    done_reason,
+    generate_request,
+    merged,
+    message_part,
+    now,
+    timings,
+)
+from exo_tui.api.ollama_types import (
+    ChatIn,
+    ChatLine,
+    ErrorOut,
+    GenerateIn,
+    GenerateLine,
+    MessageOut,
+    Show,
+    ShowIn,
+    TagModel,
+    Tags,
+    Version,
+)
+from exo_tui.api.scheduler import Queued
+from exo_tui.chat.backend import Backend
+
+OLLAMA_VERSION = "0.12.0"  # the Ollama API this one follows, for clients that check
+
+# One line of the answer: its message part, the last chunk on the last line, the queue position.
+Shape = Callable[[MessageOut, DoneChunk | None, float, int | None], BaseModel]
+
+
+async def root(request: Request) -> Response:
+    return PlainTextResponse("Ollama is running")
+
+
+async def version(request: Request) -> Response:
+    return json_response(Version(version=OLLAMA_VERSION))
+
+
+async def tags(request: Request) -> Response:
+    context = context_of(request)
+    backend = context.get_backend()
+    models: list[TagModel] = []
+    if backend is not None:
+        card = backend.card
+        models.append(
+            TagModel(
+                name=card.name,
+                model=card.name,
+                modified_at=_started(context.started),
+                size=card.bytes_on_disk,
+                digest=digest(card),
+                details=details(card),
+            )
+        )
+    return json_response(Tags(models=models))
+
+
+async def show(request: Request) -> Response:
+    context = context_of(request)
+    body = await read_model(request, ShowIn, "show request")
+    wanted = body.model or body.name
+    if not wanted:
+        raise bad_request('The show request names no model. Send {"model": NAME}', "model")
+    card = backend_for(context.get_backend, wanted).card
+    info = {
+        "general.architecture": card.model_type,
+        "general.parameter_count": card.num_parameters,
+        f"{card.model_type}.context_length": card.context_length,
+        f"{card.model_type}.block_count": card.num_layers,
+        f"{card.model_type}.embedding_length": card.hidden_size,
+    }
+    return json_response(
+        Show(
+            modelfile=f"FROM {card.path}",
+            parameters="",
+            template="",
+            details=details(card),
+            model_info=info,
+            capabilities=["completion", "tools"],
+            modified_at=_started(context.started),
+        )
+    )
+
+
+async def chat(request: Request) -> Response:
+    body = await read_model(request, ChatIn, "chat request")
+    if not body.messages:
+        raise bad_request("The chat request has no messages. Send at least one", "messages")
+    backend = backend_for(context_of(request).get_backend, body.model)
+    name = backend.card.name
+
+    def shape(
+        part: MessageOut, done: DoneChunk | None, elapsed: float, queued: int | None
+    ) -> BaseModel:
+        ending = (
+            {}
+            if done is None
+            else {"done_reason": done_reason(done), **timings(done, elapsed).model_dump()}
+        )
+        return ChatLine.model_validate(
+            {"model": name, "created_at": now(), "message": part, "done": done is not None,
+             "queue_position": queued, **ending}
+        )  # fmt: skip
+
+    return await _answer(
+        request, backend, checked(chat_request(body, backend.card)), body.stream, shape
+    )
+
+
+async def generate(request: Request) -> Response:
+    body = await read_model(request, GenerateIn, "generate request")
+    backend = backend_for(context_of(request).get_backend, body.model)
+    name = backend.card.name
+    if not body.prompt:  # Ollama's way to load a model: it is loaded
+        return json_response(
+            GenerateLine(model=name, created_at=now(), response="", done=True, done_reason="load")
+        )
+
+    def shape(
+        part: MessageOut, done: DoneChunk | None, elapsed: float, queued: int | None
+    ) -> BaseModel:
+        ending = (
+            {}
+            if done is None
+            else {"done_reason": done_reason(done), **timings(done, elapsed).model_dump()}
+        )
+        return GenerateLine.model_validate(
+            {"model": name, "created_at": now(), "response": part.content,
+             "thinking": part.thinking, "done": done is not None, "queue_position": queued,
+             **ending}
+        )  # fmt: skip
+
+    chat_body = checked(generate_request(body, backend.card))
+    return await _answer(request, backend, chat_body, body.stream, shape)
+
+
+async def _answer(
+    request: Request, backend: Backend, chat: ChatRequest, stream: bool, shape: Shape
+) -> Response:
+    scheduler = context_of(request).scheduler
+    started = time.perf_counter()
+    job = scheduler.admit(backend, chat, "ollama", client_of(request))
+    watcher = watch_disconnect(request, job.cancel)
+    events = scheduler.stream(job)
+    try:
+        if not stream:
+            return json_response(await _whole(events, shape, started))
+        first = await anext(events)  # a refusal before the first chunk is still a 400
+    except BaseException:
+        watcher.cancel()
+        await events.aclose()
+        raise
+    return StreamingResponse(
+        _lines(first, events, watcher, shape, started), media_type="application/x-ndjson"
+    )
+
+
+async def _whole(events: AsyncIterator[Queued | Chunk], shape: Shape, started: float) -> BaseModel:
+    parts: list[MessageOut] = []
+    async for event in events:
+        if isinstance(event, Queued):
+            continue
+        if isinstance(event, ErrorChunk):
+            raise ApiError(500, event.message, "server_error")
+        if isinstance(event, DoneChunk):
+            return shape(merged(parts), event, time.perf_counter() - started, None)
+        parts.append(message_part(event))
+    raise ApiError(500, "The answer ended without its last chunk", "server_error")
+
+
+async def _lines(
+    first: Queued | Chunk,
+    events: AsyncGenerator[Queued | Chunk],
+    watcher: asyncio.Task[None],
+    shape: Shape,
+    started: float,
+) -> AsyncIterator[str]:
+    try:
+        if isinstance(first, Queued):
+            yield _line(shape(MessageOut(), None, 0.0, first.position))
+        else:
+            events = then(first, events)
+        async for event in events:
+            if isinstance(event, Queued):
+                continue
+            if isinstance(event, ErrorChunk):
+                yield _line(ErrorOut(error=event.message))
+            elif isinstance(event, DoneChunk):
+                yield _line(shape(MessageOut(), event, time.perf_counter() - started, None))
+            else:
+                yield _line(shape(message_part(event), None, 0.0, None))
+    finally:
+        watcher.cancel()
+        await events.aclose()
+
+
+def _line(body: BaseModel) -> str:
+    return body.model_dump_json(exclude_none=True) + "\n"
+
+
+def _started(at: float) -> str:
+    return datetime.datetime.fromtimestamp(at, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+ROUTES = [
+    Route("/", root, methods=["GET", "HEAD"]),
+    Route("/api/version", version, methods=["GET"]),
+    Route("/api/tags", tags, methods=["GET"]),
+    Route("/api/show", show, methods=["POST"]),
+    Route("/api/chat", chat, methods=["POST"]),
+    Route("/api/generate", generate, methods=["POST"]),
+]

@@ -1,0 +1,139 @@
+"""The OpenAI endpoints: GET /v1/models and POST /v1/chat/completions (SSE or one JSON)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from engine.types import Chunk, DoneChunk, ErrorChunk
+from exo_tui.api.bodies import read_model
+from exo_tui.api.context import (
+    checked,
+    client_of,
+    context_of,
+    json_response,
+    then,
+    watch_disconnect,
+)
+from exo_tui.api.errors import ApiError
+from exo_tui.api.loaded import backend_for
+from exo_tui.api.openai_convert import chat_request, completion_id, delta, finish, merged, usage
+from exo_tui.api.openai_types import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    Delta,
+    ErrorBody,
+    ErrorResponse,
+    ModelList,
+    ModelObject,
+)
+from exo_tui.api.scheduler import Queued
+
+
+async def list_models(request: Request) -> Response:
+    context = context_of(request)
+    backend = context.get_backend()
+    data = (
+        [] if backend is None else [ModelObject(id=backend.card.name, created=int(context.started))]
+    )
+    return json_response(ModelList(data=data))
+
+
+async def chat_completions(request: Request) -> Response:
+    context = context_of(request)
+    body = await read_model(request, ChatCompletionRequest, "chat completion request")
+    backend = backend_for(context.get_backend, body.model)
+    chat = checked(chat_request(body, backend.card))
+    job = context.scheduler.admit(backend, chat, "openai", client_of(request))
+    watcher = watch_disconnect(request, job.cancel)
+    events = context.scheduler.stream(job)
+    try:
+        if not body.stream:
+            return json_response(await _whole(events, backend.card.name))
+        first = await anext(events)  # a refusal before the first chunk is still a 400
+    except BaseException:
+        watcher.cancel()
+        await events.aclose()
+        raise
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return EventSourceResponse(
+        _sse(first, events, watcher, backend.card.name, include_usage), sep="\n"
+    )
+
+
+async def _whole(events: AsyncIterator[Queued | Chunk], model: str) -> ChatCompletion:
+    deltas: list[Delta] = []
+    calls = 0
+    async for event in events:
+        if isinstance(event, Queued):
+            continue
+        if isinstance(event, ErrorChunk):
+            raise ApiError(500, event.message, "server_error")
+        if isinstance(event, DoneChunk):
+            return ChatCompletion(
+                id=completion_id(),
+                created=int(time.time()),
+                model=model,
+                choices=[Choice(message=merged(deltas), finish_reason=finish(event.finish_reason))],
+                usage=usage(event.usage),
+            )
+        deltas.append(delta(event, calls))
+        calls += event.type == "tool_call"
+    raise ApiError(500, "The answer ended without its last chunk", "server_error")
+
+
+async def _sse(
+    first: Queued | Chunk,
+    events: AsyncGenerator[Queued | Chunk],
+    watcher: asyncio.Task[None],
+    model: str,
+    include_usage: bool,
+) -> AsyncIterator[dict[str, str]]:
+    cid, created = completion_id(), int(time.time())
+
+    def chunk(choices: list[ChunkChoice], **extra: object) -> dict[str, str]:
+        wire = ChatCompletionChunk.model_validate(
+            {"id": cid, "created": created, "model": model, "choices": choices, **extra}
+        )
+        return {"data": wire.model_dump_json(exclude_none=True)}
+
+    position = first.position if isinstance(first, Queued) else None
+    calls = 0
+    try:
+        yield chunk(
+            [ChunkChoice(delta=Delta(role="assistant", content=""))], queue_position=position
+        )
+        if not isinstance(first, Queued):
+            events = then(first, events)
+        async for event in events:
+            if isinstance(event, Queued):
+                continue
+            if isinstance(event, ErrorChunk):
+                error = ErrorResponse(error=ErrorBody(message=event.message, type="server_error"))
+                yield {"data": error.model_dump_json(exclude_none=True)}
+            elif isinstance(event, DoneChunk):
+                yield chunk([ChunkChoice(delta=Delta(), finish_reason=finish(event.finish_reason))])
+                if include_usage:
+                    yield chunk([], usage=usage(event.usage))
+            else:
+                yield chunk([ChunkChoice(delta=delta(event, calls))])
+                calls += event.type == "tool_call"
+        yield {"data": "[DONE]"}
+    finally:
+        watcher.cancel()
+        await events.aclose()
+
+
+ROUTES = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+]

@@ -1,0 +1,291 @@
+"""The queue in front of the model: at most `backend.concurrency` answers at once, the rest FIFO.
+
+Each answer runs `Backend.generate` (a blocking iterator) on a thread of its own; its chunks
+reach the event loop through the job's queue. Everything else here runs on the loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Generator
+from typing import Literal
+
+from engine.errors import EngineError
+from engine.types import (
+    ChatRequest,
+    Chunk,
+    DoneChunk,
+    ErrorChunk,
+    Frozen,
+    Stats,
+    TextChunk,
+    Usage,
+)
+from exo_tui.api.board import RequestBoard, RequestState
+from exo_tui.api.errors import ApiError
+from exo_tui.api.stops import StopCut
+from exo_tui.chat.backend import Backend
+
+log = logging.getLogger(__name__)
+
+MAX_WAITING = 16
+RETRY_AFTER_S = 5  # a 429's Retry-After: a few short answers' time
+BOARD_INTERVAL_S = 0.1  # a running answer's tokens reach the board at most this often
+
+
+class Queued(Frozen):
+    """The request waits for a slot; position 1 runs next."""
+
+    type: Literal["queued"] = "queued"
+    position: int
+
+
+class Failed(Frozen):
+    """`generate` raised: refused (an EngineError, the client's to fix) or a fault here."""
+
+    type: Literal["failed"] = "failed"
+    message: str
+    refused: bool
+
+
+Event = Chunk | Failed | None  # None: the answer's thread has ended
+
+
+class CancelFlag(threading.Event):
+    """The request's cancel (the board's Esc, a client gone): setting it also tells the loop,
+    so a queued request leaves the queue at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_set: Callable[[], None]) -> None:
+        super().__init__()
+        self._loop = loop
+        self._on_set = on_set
+
+    def set(self) -> None:
+        super().set()
+        with contextlib.suppress(RuntimeError):  # a closed loop: nothing waits any more
+            self._loop.call_soon_threadsafe(self._on_set)
+
+
+class Job:
+    """One admitted request, from the queue to its last chunk."""
+
+    def __init__(self, backend: Backend, request: ChatRequest, cancel: CancelFlag) -> None:
+        self.backend = backend
+        self.request = request
+        self.cancel = cancel
+        self.id = ""
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.state: Literal["waiting", "running", "finished"] = "waiting"
+        self.position: int | None = None
+        self.stops = StopCut(request.stop)
+        self.outcome: RequestState = "done"
+        self.detail = ""
+
+    def is_set(self) -> bool:
+        """The cancel token `generate` sees: cancelled, or a stop string has come."""
+        return self.cancel.is_set() or self.stops.hit
+
+
+class Scheduler:
+    """Admits requests, runs them in order, and keeps the board up to date."""
+
+    def __init__(self, board: RequestBoard, max_waiting: int = MAX_WAITING) -> None:
+        self.board = board
+        self.max_waiting = max_waiting
+        self._waiting: deque[Job] = deque()
+        self._running: set[Job] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def admit(
+        self, backend: Backend, request: ChatRequest, api: Literal["openai", "ollama"], client: str
+    ) -> Job:
+        """Queue `request` (on the loop's thread); 429 when the queue is full."""
+        if len(self._waiting) >= self.max_waiting:
+            raise ApiError(
+                429,
+                f"The server is busy: {len(self._running)} answering and {len(self._waiting)} "
+                f"waiting, the most it queues. Retry in {RETRY_AFTER_S} seconds",
+                "rate_limit_error",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        self._loop = loop = asyncio.get_running_loop()
+        job: Job | None = None
+
+        def cancelled() -> None:
+            if job is not None:
+                self._cancelled(job)
+
+        job = Job(backend, request, CancelFlag(loop, cancelled))
+        job.id = self.board.open(api, backend.card.name, client, job.cancel).id
+        self._waiting.append(job)
+        self._grant()
+        return job
+
+    async def stream(self, job: Job) -> AsyncGenerator[Queued | Chunk]:
+        """The job's chunks, after a `Queued` first if it waits. Raises ApiError when it fails
+        before its first chunk; a later failure is an ErrorChunk. Leaving early cancels it."""
+        sent = False
+        try:
+            if job.state == "waiting" and job.position is not None:
+                yield Queued(position=job.position)
+                sent = True
+            while (event := await job.events.get()) is not None:
+                if isinstance(event, Failed):
+                    if not sent:
+                        raise ApiError(
+                            400 if event.refused else 500,
+                            event.message,
+                            "invalid_request_error" if event.refused else "server_error",
+                        )
+                    yield ErrorChunk(message=event.message)
+                    continue
+                sent = True
+                yield event
+        finally:
+            if job.state != "finished":
+                job.cancel.set()
+
+    def cancel_all(self) -> None:
+        """Cancel every request, queued or running (the server is stopping)."""
+        for job in [*self._waiting, *self._running]:
+            job.cancel.set()
+
+    def _grant(self) -> None:
+        while self._waiting and len(self._running) < max(1, self._waiting[0].backend.concurrency):
+            job = self._waiting.popleft()
+            job.state = "running"
+            job.position = None
+            self._running.add(job)
+            self.board.update(job.id, state="prefilling", queue_position=None)
+            threading.Thread(
+                target=self._pump, args=(job,), name=f"api-{job.id}", daemon=True
+            ).start()
+        for position, job in enumerate(self._waiting, 1):
+            if job.position != position:
+                job.position = position
+                self.board.update(job.id, queue_position=position)
+
+    def _cancelled(self, job: Job) -> None:
+        if job.state != "waiting":
+            return  # a running answer sees its cancel before its next token
+        self._waiting.remove(job)
+        job.state = "finished"
+        self.board.update(job.id, state="cancelled", queue_position=None, detail="while queued")
+        job.events.put_nowait(_cancelled_while_queued())
+        job.events.put_nowait(None)
+        self._grant()
+
+    def _finished(self, job: Job) -> None:
+        self._running.discard(job)
+        job.state = "finished"
+        self.board.update(job.id, state=job.outcome, detail=job.detail)
+        job.events.put_nowait(None)
+        self._grant()
+
+    def _pump(self, job: Job) -> None:
+        """On the job's thread: generate, and hand each chunk to the loop."""
+        loop = self._loop
+        assert loop is not None
+
+        def put(event: Event) -> None:
+            try:
+                loop.call_soon_threadsafe(job.events.put_nowait, event)
+            except RuntimeError:  # the loop has closed: nobody reads this answer
+                job.cancel.set()
+
+        meter = _Meter(self.board, job.id)
+        try:
+            iterator = job.backend.generate(job.request, job)
+            try:
+                for chunk in iterator:
+                    for out in _through_stops(job, chunk):
+                        meter.saw(out, job)
+                        put(out)
+                    if job.cancel.is_set():
+                        job.outcome, job.detail = "cancelled", "cancelled"
+                        break
+            finally:
+                if isinstance(iterator, Generator):
+                    iterator.close()  # the engine puts back the prompt cache it took
+        except EngineError as error:
+            job.outcome, job.detail = "error", str(error)
+            put(Failed(message=str(error), refused=True))
+        except Exception as error:  # a bug or a lost node: said to this client, others go on
+            log.exception("answering %s failed", job.id)
+            job.outcome, job.detail = "error", f"{type(error).__name__}: {error}"
+            put(Failed(message=job.detail, refused=False))
+        finally:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._finished, job)
+
+
+def _through_stops(job: Job, chunk: Chunk) -> list[Chunk]:
+    """`chunk` as the client gets it, once the stop strings have cut the answer."""
+    if isinstance(chunk, TextChunk):
+        text = job.stops.feed(chunk.text)
+        return [TextChunk(text=text)] if text else []
+    if isinstance(chunk, DoneChunk):
+        rest = job.stops.finish()
+        if job.stops.hit and not job.cancel.is_set():
+            chunk = chunk.model_copy(update={"finish_reason": "stop"})
+        return [*([TextChunk(text=rest)] if rest else []), chunk]
+    return [] if job.stops.hit else [chunk]
+
+
+def _cancelled_while_queued() -> DoneChunk:
+    return DoneChunk(
+        finish_reason="cancelled",
+        usage=Usage(prompt_tokens=0, completion_tokens=0),
+        stats=Stats(ttft_s=0, prefill_tps=0, decode_tps=0, peak_memory_bytes=0),
+        token_ids=(),
+    )
+
+
+class _Meter:
+    """A running answer's state, tokens and rate on the board (not on every token)."""
+
+    def __init__(self, board: RequestBoard, request_id: str) -> None:
+        self._board = board
+        self._id = request_id
+        self._first = 0.0
+        self._last = 0.0
+        self._count = 0
+
+    def saw(self, chunk: Chunk, job: Job) -> None:
+        now = time.perf_counter()
+        if isinstance(chunk, DoneChunk):
+            if chunk.finish_reason == "cancelled":
+                job.outcome = "cancelled"
+            elif chunk.finish_reason == "error":
+                job.outcome = "error"
+            job.detail = job.detail or chunk.finish_reason
+            self._board.update(
+                self._id,
+                prompt_tokens=chunk.usage.prompt_tokens,
+                completion_tokens=chunk.usage.completion_tokens,
+                tokens_per_second=chunk.stats.decode_tps,
+            )
+            return
+        if isinstance(chunk, ErrorChunk):
+            job.outcome, job.detail = "error", chunk.message
+        self._count += 1
+        if not self._first:
+            self._first = self._last = now
+            self._board.update(self._id, state="answering", completion_tokens=1)
+        elif now - self._last >= BOARD_INTERVAL_S:
+            self._last = now
+            rate = (self._count - 1) / max(now - self._first, 1e-9)
+            self._board.update(self._id, completion_tokens=self._count, tokens_per_second=rate)

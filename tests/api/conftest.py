@@ -1,0 +1,98 @@
+"""Fixtures for the API's tests: the demo model and a tiny one behind LocalBackend, a real
+uvicorn on a free loopback port, and a backend that holds its answers until a test lets go."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.generate import CancelToken
+from engine.loading import load_model, run_loading
+from engine.models.locations import bundled_demo_dir
+from engine.types import ChatRequest, Chunk, ModelCard
+from exo_tui.api.board import RequestBoard
+from exo_tui.api.server import ApiServer, build_app
+from exo_tui.chat.backend import Backend, LocalBackend
+
+
+@pytest.fixture(scope="session")
+def demo_backend() -> Iterator[LocalBackend]:
+    backend = LocalBackend(run_loading(load_model(bundled_demo_dir()), lambda _: None))
+    yield backend
+    backend.unload()
+
+
+@pytest.fixture(scope="session")
+def tiny_backend(tiny_llama: Path) -> Iterator[LocalBackend]:
+    """Random weights that never end a turn: an answer runs until max_tokens or a cancel."""
+    backend = LocalBackend(run_loading(load_model(tiny_llama), lambda _: None))
+    yield backend
+    backend.unload()
+
+
+class Served:
+    def __init__(self, server: ApiServer, board: RequestBoard) -> None:
+        self.server = server
+        self.board = board
+        self.url = server.url
+
+    @property
+    def scheduler(self):  # noqa: ANN201
+        from exo_tui.api.server import scheduler_of
+
+        return scheduler_of(self.server.app)
+
+
+Serve = Callable[..., Served]
+
+
+@pytest.fixture
+def serve() -> Iterator[Serve]:
+    """`serve(backend_or_None, api_key=..., max_waiting=...)`: a real server on 127.0.0.1:0."""
+    started: list[ApiServer] = []
+
+    def start(backend: Backend | None, **options: object) -> Served:
+        board = RequestBoard()
+        app = build_app(lambda: backend, board, **options)  # type: ignore[arg-type]
+        server = ApiServer(app, "127.0.0.1", 0)
+        server.start()
+        started.append(server)
+        return Served(server, board)
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+class HeldBackend:
+    """The real backend, but each answer waits at its start until the test lets it go: the
+    queue's tests then know which request holds the slot."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.go = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    @property
+    def card(self) -> ModelCard:
+        return self.inner.card
+
+    @property
+    def concurrency(self) -> int:
+        return self.inner.concurrency
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        self.started.release()
+        self.go.wait()
+        yield from self.inner.generate(request, cancel)
+
+    def prefill_next(self, request: ChatRequest, draft: str = "") -> None: ...
+
+    def stop_prefill(self) -> None: ...
+
+    def forget_history(self) -> None: ...
+
+    def unload(self) -> None: ...

@@ -1,0 +1,68 @@
+"""The `ollama` package against the server: a streamed chat, tools, generate, list, show."""
+
+from __future__ import annotations
+
+import ollama
+
+from exo_tui.chat.backend import LocalBackend
+from exo_tui.chat.tools import BUILTIN_TOOLS
+from tests.api.conftest import Serve
+
+OPTIONS = {"temperature": 0, "num_predict": 40}
+
+
+def test_streamed_chat_is_the_whole_answer_in_pieces(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    api = ollama.Client(host=serve(demo_backend).url)
+    messages = [{"role": "user", "content": "hello"}]
+    whole = api.chat(model="demo", messages=messages, stream=False, options=OPTIONS)
+    parts = list(api.chat(model="demo", messages=messages, stream=True, options=OPTIONS))
+    assert "".join(p.message.content or "" for p in parts) == whole.message.content
+    assert (whole.message.content or "").strip() and whole.message.role == "assistant"
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    last = parts[-1]
+    assert last.done_reason in ("stop", "length") and last.done_reason == whole.done_reason
+    assert last.eval_count == whole.eval_count and (last.eval_count or 0) > 0
+    assert (last.prompt_eval_count or 0) > 0 and (last.total_duration or 0) > 0
+
+
+def test_tool_call_comes_with_arguments(serve: Serve, demo_backend: LocalBackend) -> None:
+    api = ollama.Client(host=serve(demo_backend).url)
+    tools = [
+        {"type": "function", "function": {"name": t.name, "description": t.description,
+                                          "parameters": t.parameters}}
+        for t in BUILTIN_TOOLS
+    ]  # fmt: skip
+    question = {"role": "user", "content": "what is 12 times 34"}
+    answer = api.chat(
+        model="demo", messages=[question], tools=tools, options={"temperature": 0}, stream=False
+    )
+    calls = answer.message.tool_calls or []
+    assert [c.function.name for c in calls] == ["calculator"]
+    assert "expression" in calls[0].function.arguments
+    followed = api.chat(
+        model="demo",
+        messages=[
+            question,
+            {"role": "assistant", "content": "", "tool_calls": [c.model_dump() for c in calls]},
+            {"role": "tool", "content": "408", "tool_name": "calculator"},
+        ],
+        tools=tools,
+        options={"temperature": 0},
+    )
+    assert "408" in (followed.message.content or "")
+
+
+def test_generate_list_show_version(serve: Serve, demo_backend: LocalBackend) -> None:
+    api = ollama.Client(host=serve(demo_backend).url)
+    listed = api.list()
+    assert [m.model for m in listed.models] == ["demo"]
+    assert listed.models[0].details is not None and listed.models[0].details.family == "llama"
+    shown = api.show("demo:latest")
+    assert shown.modelinfo is not None and shown.modelinfo["general.architecture"] == "llama"
+    assert shown.capabilities is not None and "tools" in shown.capabilities
+    parts = list(api.generate(model="demo", prompt="hello", stream=True, options=OPTIONS))
+    assert "".join(p.response or "" for p in parts).strip() and parts[-1].done
+    whole = api.generate(model="demo", prompt="hello", system="Be brief.", options=OPTIONS)
+    assert (whole.response or "").strip() and whole.done and (whole.eval_count or 0) > 0

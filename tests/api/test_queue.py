@@ -1,0 +1,134 @@
+"""Several requests at once: they queue FIFO behind the model's slots, their first chunk says
+where they wait, a client that goes frees its slot, and the board shows it all."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+
+from exo_tui.chat.backend import LocalBackend
+from tests.api.conftest import HeldBackend, Serve
+
+HELLO = {"model": "demo", "messages": [{"role": "user", "content": "hello"}], "temperature": 0}
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
+def sse_events(response: httpx.Response) -> list[dict[str, object]]:
+    return [
+        json.loads(line[len("data: ") :])
+        for line in response.iter_lines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+
+
+def test_queued_streams_say_their_place_and_answer_as_alone(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    alone = httpx.post(
+        f"{serve(demo_backend).url}/v1/chat/completions", json={**HELLO, "max_tokens": 30}
+    ).json()["choices"][0]["message"]["content"]
+    held = HeldBackend(demo_backend)
+    served = serve(held)
+    url = served.url
+    results: dict[str, list[dict[str, object]]] = {}
+
+    def stream(name: str, api: str) -> None:
+        if api == "openai":
+            body = {**HELLO, "max_tokens": 30, "stream": True}
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
+                results[name] = sse_events(r)
+        else:
+            body = {**HELLO, "options": {"temperature": 0, "num_predict": 30}}
+            with httpx.stream("POST", f"{url}/api/chat", json=body, timeout=60) as r:
+                results[name] = [json.loads(line) for line in r.iter_lines() if line]
+
+    first = threading.Thread(target=stream, args=("first", "openai"))
+    first.start()
+    assert held.started.acquire(timeout=30)  # the first holds the one slot
+    second = threading.Thread(target=stream, args=("second", "openai"))
+    second.start()
+    wait_until(lambda: served.scheduler.waiting == 1)
+    third = threading.Thread(target=stream, args=("third", "ollama"))
+    third.start()
+    wait_until(lambda: served.scheduler.waiting == 2)
+    board = {r.id: r for r in served.board.snapshot()}
+    assert [(r.state, r.queue_position) for r in board.values()] == [
+        ("prefilling", None),
+        ("queued", 1),
+        ("queued", 2),
+    ]
+    held.go.set()
+    for thread in (first, second, third):
+        thread.join(60)
+    assert "queue_position" not in results["first"][0]
+    assert results["second"][0]["queue_position"] == 1
+    assert results["third"][0]["queue_position"] == 2
+
+    def openai_text(events: list[dict[str, object]]) -> str:
+        return "".join(
+            c["delta"].get("content") or ""  # type: ignore[index,union-attr]
+            for e in events
+            for c in e["choices"]  # type: ignore[union-attr]
+        )
+
+    assert openai_text(results["first"]) == alone == openai_text(results["second"])
+    assert "".join(line["message"]["content"] for line in results["third"]) == alone  # type: ignore[index]
+    assert [r.state for r in served.board.snapshot()] == ["done"] * 3
+
+
+def test_a_client_that_goes_frees_its_slot(serve: Serve, tiny_backend: LocalBackend) -> None:
+    """The tiny model never ends a turn on its own: only the disconnect stops it."""
+    served = serve(tiny_backend)
+    name = tiny_backend.card.name
+    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1900}
+    with httpx.stream(
+        "POST", f"{served.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+    ) as response:
+        lines = response.iter_lines()
+        seen = [next(lines) for _ in range(12)]
+    assert any(line.startswith("data: ") for line in seen)
+    wait_until(lambda: served.scheduler.running == 0)
+    [gone] = served.board.snapshot()
+    assert gone.state == "cancelled" and gone.completion_tokens < 1900
+    after = httpx.post(
+        f"{served.url}/v1/chat/completions", json={**body, "max_tokens": 5}, timeout=60
+    )
+    assert after.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_request_cancelled_from_the_board_leaves_the_queue(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    held = HeldBackend(demo_backend)
+    served = serve(held)
+    answers: dict[str, httpx.Response] = {}
+
+    def ask(name: str) -> None:
+        answers[name] = httpx.post(
+            f"{served.url}/v1/chat/completions", json={**HELLO, "max_tokens": 10}, timeout=60
+        )
+
+    first = threading.Thread(target=ask, args=("first",))
+    first.start()
+    assert held.started.acquire(timeout=30)
+    second = threading.Thread(target=ask, args=("second",))
+    second.start()
+    wait_until(lambda: served.scheduler.waiting == 1)
+    queued = served.board.snapshot()[1]
+    assert served.board.cancel(queued.id)
+    second.join(60)
+    assert answers["second"].json()["choices"][0]["finish_reason"] == "stop"
+    assert served.board.snapshot()[1].state == "cancelled"
+    held.go.set()
+    first.join(60)
+    assert answers["first"].status_code == 200
