@@ -188,6 +188,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_node_options(parser)
     _add_no_mdns(parser)
     _add_models_dir(parser)
+    parser.add_argument(
+        "--api-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="also serve the OpenAI and Ollama APIs on this port, on the model loaded "
+        "(default: off; `exo-tui serve` is the same without the screen)",
+    )
+    parser.add_argument(
+        "--api-host",
+        type=_host,
+        default="127.0.0.1",
+        help="with --api-port: the address to listen on (default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="with --api-port: require this key (`Authorization: Bearer KEY`); needed off loopback",
+    )
     commands = parser.add_subparsers(dest="command")
 
     chat = commands.add_parser("chat", help="one chat turn, headless (for scripts and benchmarks)")
@@ -319,6 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             load=args.load,
             cluster=cluster,
             load_demo=args.model is None,  # the bundled demo, when it is what was found first
+            api=(args.api_host, args.api_port, args.api_key) if args.api_port is not None else None,
         )
     except (EngineError, ClusterError, HubError) as error:
         print(f"exo-tui: {error}", file=sys.stderr)

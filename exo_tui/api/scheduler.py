@@ -214,7 +214,9 @@ class Scheduler:
                     for out in _through_stops(job, chunk):
                         meter.saw(out, job)
                         put(out)
-                    if job.cancel.is_set():
+                    # After the last chunk, a client that leaves (having read it) cancels
+                    # nothing: the answer was whole.
+                    if job.cancel.is_set() and not isinstance(chunk, DoneChunk):
                         job.outcome, job.detail = "cancelled", "cancelled"
                         break
             finally:

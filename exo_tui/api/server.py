@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 
+from engine.errors import EngineError
 from exo_tui.api import ollama_routes, openai_routes
 from exo_tui.api.board import RequestBoard
 from exo_tui.api.context import ApiContext, json_response
@@ -147,17 +148,43 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def require_key_off_loopback(host: str, api_key: str | None) -> None:
+    if not is_loopback(host) and not api_key:
+        raise EngineError(
+            f"--host {host} is not a loopback address: anyone who can reach it could use the "
+            "model, and nothing would stop them",
+            "Pass --api-key KEY (clients send it as `Authorization: Bearer KEY`), or serve on "
+            "127.0.0.1",
+        )
+
+
 class ApiServer:
     """uvicorn serving `app` on a thread of its own; `start` returns once it listens."""
 
-    def __init__(self, app: Starlette, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> None:
+    def __init__(
+        self,
+        app: Starlette,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        log_to_stderr: bool = True,
+    ) -> None:
+        """`log_to_stderr=False` under the TUI, whose screen a log line would tear."""
         self.app = app
         self.host = host
         self._socket = _bound(host, port)  # a port in use fails here, in the caller's thread
         self.port: int = self._socket.getsockname()[1]
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=3
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=3,
+            **({} if log_to_stderr else {"log_config": None}),
         )
+        if not log_to_stderr:
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+                logging.getLogger(name).addHandler(logging.NullHandler())
+                logging.getLogger(name).propagate = False
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="api-server", daemon=True)
 

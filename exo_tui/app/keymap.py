@@ -41,6 +41,7 @@ def binding_scopes() -> dict[str, list[Binding]]:
     from exo_tui.app.screens.model_picker import ModelPicker
     from exo_tui.app.screens.nodes import NodesScreen
     from exo_tui.app.widgets.prompt import PromptInput
+    from exo_tui.app.widgets.requests import RequestsTable
 
     def bindings(items: Iterable[BindingType]) -> list[Binding]:
         return [item for item in items if isinstance(item, Binding)]
@@ -52,6 +53,7 @@ def binding_scopes() -> dict[str, list[Binding]]:
         "help": bindings(HelpScreen.BINDINGS),
         "model picker": bindings(ModelPicker.BINDINGS),
         "nodes": bindings(NodesScreen.BINDINGS),
+        "API requests": bindings(RequestsTable.BINDINGS),
     }
 
 

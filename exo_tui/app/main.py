@@ -23,8 +23,10 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.worker import Worker, WorkerState
 
+from engine.errors import EngineError
 from engine.generate import wait_for_streams
 from exo_tui.app import garbage
+from exo_tui.app.api_service import ApiService
 from exo_tui.app.bindings import APP_BINDINGS, PALETTE_SKIPS
 from exo_tui.app.conversation import Conversation
 from exo_tui.app.engine_thread import ENGINE_THREAD
@@ -95,9 +97,12 @@ class ExoTuiApp(App[None]):
         bundled: bool = True,
         cluster: ClusterSetup | None = None,
         catalogue: Sequence[CatalogueEntry] | None = None,
+        api: ApiService | None = None,
     ) -> None:
-        """`catalogue`: the models the picker offers to download (default: the packaged one)."""
+        """`catalogue`: the models the picker offers to download (default: the packaged one).
+        `api`: the API to serve while the app runs (started at mount, stopped at the end)."""
         super().__init__()
+        self.api = api
         self._cluster = cluster
         self._refused: set[str] = set()  # addresses refused so far
         self._refusal_notices = NoticeRate(REFUSAL_NOTICE_EVERY_S)
@@ -115,7 +120,7 @@ class ExoTuiApp(App[None]):
         tools = builtin_registry(lambda: cluster_summary(self.state, self._model_name()))
         self.conversation = Conversation(self, tools, self._in_flight, lambda: self._screen_cpu)
         offered = tuple(catalogue) if catalogue is not None else load_catalogue()
-        self.main = MainScreen(self, models_dirs, bundled, offered, model, load, load_demo)
+        self.main = MainScreen(self, models_dirs, bundled, offered, model, load, load_demo, api)
 
     # Layout
 
@@ -150,6 +155,8 @@ class ExoTuiApp(App[None]):
             self.notify(notice, severity="warning", timeout=15)
         self.conversation.reopen_last()
         self.set_interval(SAVE_RETRY_S, self.conversation.save_waiting)
+        if self.api is not None:
+            self.api.start()
         self.main.find_models()
         if self._cluster is not None:
             # A small model is best on this node alone; F2 chooses others to place across.
@@ -418,6 +425,8 @@ class ExoTuiApp(App[None]):
 
     async def on_unmount(self) -> None:
         sys.setswitchinterval(self._switch_interval)
+        if self.api is not None:  # its requests are cancelled, its port closed
+            await asyncio.to_thread(self.api.stop)
         # Quitting mid-answer, mid-prefill or mid-load: each stops at its next step.
         self.conversation.stop_all()
         self.main.cancel_load()
@@ -467,8 +476,20 @@ def run_app(
     load: bool = False,
     cluster: ClusterSetup | None = None,
     load_demo: bool = False,
+    api: tuple[str, int, str | None] | None = None,
 ) -> int:
+    """`api`: (host, port, key) to serve the OpenAI and Ollama APIs on, or None."""
     identity = cluster.identity if cluster is not None else None
+    app: ExoTuiApp | None = None
+    service = None
+    if api is not None:
+        try:
+            service = ApiService(*api, lambda: app.conversation.backend if app else None)
+        except OSError as error:
+            raise EngineError(
+                f"The API cannot listen: {error}",
+                "Choose another --api-port, or stop what listens there",
+            ) from None
 
     def node_stats(models: Sequence[str]) -> NodeStats:
         return local_node_stats(models, identity=identity)
@@ -480,6 +501,7 @@ def run_app(
         node_stats=node_stats,
         cluster=cluster,
         load_demo=load_demo,
+        api=service,
     )
     app.run()
     unsaved, store = app.conversation.unsaved, app.conversation.store

@@ -17,7 +17,7 @@ import anyio.to_thread
 from engine.errors import EngineError
 from engine.types import ModelReady
 from exo_tui.api.board import RequestBoard
-from exo_tui.api.server import ApiServer, build_app, is_loopback
+from exo_tui.api.server import ApiServer, build_app, require_key_off_loopback
 from exo_tui.chat.backend import Backend
 from exo_tui.commands.chat import chat_card, default_model_spec, downloaded
 from exo_tui.commands.printing import TextOutput
@@ -46,16 +46,6 @@ def run_serve(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> 
         return _serve_here(args, card.path, out)
     except KeyboardInterrupt:
         return 0
-
-
-def require_key_off_loopback(host: str, api_key: str | None) -> None:
-    if not is_loopback(host) and not api_key:
-        raise EngineError(
-            f"--host {host} is not a loopback address: anyone who can reach it could use the "
-            "model, and nothing would stop them",
-            "Pass --api-key KEY (clients send it as `Authorization: Bearer KEY`), or serve on "
-            "127.0.0.1",
-        )
 
 
 def _serve_here(args: argparse.Namespace, path: str, out: TextOutput) -> int:

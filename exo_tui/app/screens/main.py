@@ -27,6 +27,7 @@ from engine.loading import LoadedModel, run_loading
 from engine.models.weights import require_weight_files
 from engine.types import LoadProgress, ModelCard, Strategy
 from exo_tui.app import garbage
+from exo_tui.app.api_service import ApiService
 from exo_tui.app.chat_status import chat_title, empty_hint
 from exo_tui.app.conversation import Conversation
 from exo_tui.app.engine_thread import ENGINE_THREAD
@@ -41,6 +42,7 @@ from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
 from exo_tui.app.widgets.prompt import PromptInput
+from exo_tui.app.widgets.requests import RequestsPanel
 from exo_tui.chat.backend import ClusterBackend, LocalBackend
 from exo_tui.cluster.control.coordinator import Fetches, plan_fetches
 from exo_tui.cluster.control.placement import Placement
@@ -102,6 +104,7 @@ class MainScreen(Screen[None]):
         preselect: str | None,
         load_at_start: bool,
         load_demo: bool = False,
+        api: ApiService | None = None,
     ) -> None:
         """`load_demo`: with no model asked for, load the bundled demo once it is found, so a
         newcomer's first key is a question."""
@@ -113,6 +116,7 @@ class MainScreen(Screen[None]):
         self._preselect = preselect
         self._load_at_start = load_at_start
         self._load_demo = load_demo
+        self._api = api
         self.cards: list[ModelCard] = []
         self._load_started: float | None = None
         self._load_clock: Timer | None = None
@@ -124,6 +128,8 @@ class MainScreen(Screen[None]):
                 yield NodesPanel(id="nodes")
                 yield DownloadPanel(id="download")
                 yield LaunchPanel(id="launch")
+                if self._api is not None:
+                    yield RequestsPanel(self._api.board, self._api.url)
             with Vertical(id="chat"):
                 yield ChatPane(id="chat-pane")
                 yield PromptInput(id="prompt")
