@@ -52,7 +52,7 @@ async def test_a_client_is_answered_by_the_loaded_model_and_shown_in_the_panel(
 
         await wait_until(pilot, lambda: states() and states()[0] in ("done", "cancelled", "error"))
         assert states() == ["done"], app.api.board.snapshot() if app.api else None
-        assert service.url in str(app.query_one("#requests").border_title)
+        assert service.url in str(app.query_one("#requests-url").render())
     # Quitting closed the port.
     with pytest.raises(openai.APIConnectionError):
         openai.OpenAI(base_url=f"{service.url}/v1", api_key="none", max_retries=0).models.list()

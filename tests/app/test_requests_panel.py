@@ -41,7 +41,7 @@ async def test_rows_follow_the_board_from_another_thread_and_esc_cancels_the_sel
     async with app.run_test(size=(100, 20)) as pilot:
         panel = app.query_one(RequestsPanel)
         table = app.query_one(RequestsTable)
-        assert "No requests yet" in str(app.query_one("#requests-empty").render())
+        assert "no requests yet" in str(app.query_one("#requests-url").render())
         first_cancel, second_cancel = threading.Event(), threading.Event()
 
         def serve() -> None:  # as the server's threads write it
@@ -63,7 +63,8 @@ async def test_rows_follow_the_board_from_another_thread_and_esc_cancels_the_sel
         assert cells(table, "state") == ["queued #1", "answering"]  # the newest on top
         assert cells(table, "tokens") == ["0+0", "12+30"]
         assert cells(table, "rate") == ["", "41.5"]
-        assert panel.border_title == f"API · {URL} · 1 running · 1 queued"
+        assert panel.border_title == "API · 1 running · 1 queued"
+        assert URL in str(app.query_one("#requests-url").render())
 
         table.focus()
         table.move_cursor(row=1)

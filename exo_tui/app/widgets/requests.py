@@ -40,11 +40,11 @@ def state_text(request: ServedRequest) -> Text:
     return Text(label, style=STATE_STYLES[request.state])
 
 
-def summary(requests: tuple[ServedRequest, ...], url: str) -> str:
-    """The panel's title: where it serves, and how many requests run and wait."""
+def summary(requests: tuple[ServedRequest, ...]) -> str:
+    """The panel's title: how many requests run and wait."""
     running = sum(r.state in ("prefilling", "answering") for r in requests)
     waiting = sum(r.state == "queued" for r in requests)
-    return f"API · {url} · {running} running · {waiting} queued"
+    return f"API · {running} running · {waiting} queued"
 
 
 class RequestsTable(DataTable[Text | str]):
@@ -86,16 +86,17 @@ class RequestsPanel(Vertical):
         self._dirty = True  # set from the server's threads; read by the redraw timer
 
     def compose(self) -> ComposeResult:
+        yield Static(id="requests-url")
         yield RequestsTable(self.board)
-        yield Static(id="requests-empty")
 
     def on_mount(self) -> None:
         table = self.query_one(RequestsTable)
+        # The narrow side panel shows the first columns: what the request is doing first.
         table.add_column("state", key="state")
-        table.add_column("model", key="model")
-        table.add_column("client", key="client")
         table.add_column("tokens", key="tokens")
         table.add_column("tok/s", key="rate")
+        table.add_column("client", key="client")
+        table.add_column("model", key="model")
         table.add_column("age", key="age")
         self.board.subscribe(self._changed)
         self.set_interval(REDRAW_EVERY_S, self._redraw_if_changed)
@@ -111,7 +112,7 @@ class RequestsPanel(Vertical):
     def _redraw(self) -> None:
         self._dirty = False
         requests = self.board.snapshot()
-        self.border_title = summary(requests, self.url)
+        self.border_title = summary(requests)
         table = self.query_one(RequestsTable)
         cursor = table.cursor_row
         table.clear()
@@ -121,15 +122,14 @@ class RequestsPanel(Vertical):
             rate = f"{request.tokens_per_second:.1f}" if request.completion_tokens > 1 else ""
             table.add_row(
                 state_text(request),
-                cell(request.model),
-                cell(request.client),
                 tokens,
                 rate,
+                cell(request.client),
+                cell(request.model),
                 f"{now - request.started_at:.0f} s",
                 key=request.id,
             )
         if requests:
             table.move_cursor(row=min(cursor, len(requests) - 1))
-        self.query_one("#requests-empty", Static).update(
-            "" if requests else f"No requests yet. Point a client at {self.url}"
-        )
+        waiting = "" if requests else " · no requests yet"
+        self.query_one("#requests-url", Static).update(Text(f"{self.url}{waiting}"))
