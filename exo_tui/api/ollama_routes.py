@@ -113,10 +113,14 @@ async def show(request: Request) -> Response:
 
 async def chat(request: Request) -> Response:
     body = await read_model(request, ChatIn, "chat request")
-    if not body.messages:
-        raise bad_request("The chat request has no messages. Send at least one", "messages")
     backend = backend_for(context_of(request).get_backend, body.model)
     name = backend.card.name
+    if not body.messages:  # Ollama's way to load a model: it is loaded
+        return json_response(
+            ChatLine(
+                model=name, created_at=now(), message=MessageOut(), done=True, done_reason="load"
+            )
+        )
 
     def shape(
         part: MessageOut, done: DoneChunk | None, elapsed: float, queued: int | None
@@ -171,9 +175,13 @@ async def _answer(
     job = scheduler.admit(backend, chat, "ollama", client_of(request))
     watcher = watch_disconnect(request, job.cancel)
     events = scheduler.stream(job)
-    try:
-        if not stream:
+    if not stream:
+        try:
             return json_response(await _whole(events, shape, started))
+        finally:
+            watcher.cancel()
+            await events.aclose()
+    try:
         first = await anext(events)  # a refusal before the first chunk is still a 400
     except BaseException:
         watcher.cancel()
@@ -185,16 +193,18 @@ async def _answer(
 
 
 async def _whole(events: AsyncIterator[Queued | Chunk], shape: Shape, started: float) -> BaseModel:
+    """The whole answer, once its thread has ended (the events run out)."""
     parts: list[MessageOut] = []
+    done: DoneChunk | None = None
     async for event in events:
-        if isinstance(event, Queued):
-            continue
         if isinstance(event, ErrorChunk):
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
-            return shape(merged(parts), event, time.perf_counter() - started, None)
-        parts.append(message_part(event))
-    raise ApiError(500, "The answer ended without its last chunk", "server_error")
+            done = done or event
+        elif not isinstance(event, Queued):
+            parts.append(message_part(event))
+    assert done is not None  # the scheduler always ends with one
+    return shape(merged(parts), done, time.perf_counter() - started, None)
 
 
 async def _lines(

@@ -135,9 +135,10 @@ class Scheduler:
         return job
 
     async def stream(self, job: Job) -> AsyncGenerator[Queued | Chunk]:
-        """The job's chunks, after a `Queued` first if it waits. Raises ApiError when it fails
-        before its first chunk; a later failure is an ErrorChunk. Leaving early cancels it."""
-        sent = False
+        """The job's chunks, after a `Queued` first if it waits, and always a DoneChunk last.
+        Raises ApiError when it fails before its first chunk; a later failure is an
+        ErrorChunk. Leaving early cancels it."""
+        sent = done = False
         try:
             if job.state == "waiting" and job.position is not None:
                 yield Queued(position=job.position)
@@ -153,7 +154,10 @@ class Scheduler:
                     yield ErrorChunk(message=event.message)
                     continue
                 sent = True
+                done = isinstance(event, DoneChunk)
                 yield event
+            if not done:  # cancelled (the thread stops at once) or failed: still an ending
+                yield _cancelled_done()
         finally:
             if job.state != "finished":
                 job.cancel.set()
@@ -184,7 +188,6 @@ class Scheduler:
         self._waiting.remove(job)
         job.state = "finished"
         self.board.update(job.id, state="cancelled", queue_position=None, detail="while queued")
-        job.events.put_nowait(_cancelled_while_queued())
         job.events.put_nowait(None)
         self._grant()
 
@@ -245,7 +248,7 @@ def _through_stops(job: Job, chunk: Chunk) -> list[Chunk]:
     return [] if job.stops.hit else [chunk]
 
 
-def _cancelled_while_queued() -> DoneChunk:
+def _cancelled_done() -> DoneChunk:
     return DoneChunk(
         finish_reason="cancelled",
         usage=Usage(prompt_tokens=0, completion_tokens=0),

@@ -132,3 +132,28 @@ def test_a_request_cancelled_from_the_board_leaves_the_queue(
     held.go.set()
     first.join(60)
     assert answers["first"].status_code == 200
+
+
+def test_a_running_answer_cancelled_from_the_board_still_ends_well(
+    serve: Serve, tiny_backend: LocalBackend
+) -> None:
+    served = serve(tiny_backend)
+    body = {
+        "model": tiny_backend.card.name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1900,
+    }
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=120)
+        )
+    )
+    asking.start()
+    wait_until(lambda: any(r.state == "answering" for r in served.board.snapshot()))
+    assert served.board.cancel(served.board.snapshot()[0].id)
+    asking.join(120)
+    [answer] = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["finish_reason"] == "stop"
+    assert served.board.snapshot()[0].state == "cancelled"
