@@ -3,9 +3,9 @@ against the headless chat path on the same prompt.
 
 Starts `exo-tui serve` in a subprocess on a free port, then for 1, 2, 4, 8 and 16 concurrent
 streams prints the aggregate decode tok/s, each stream's time to first token (p50, p95) and the
-ratio of the aggregate to one stream's. Then stops the server and runs the same prompt greedily
-through `LocalBackend.generate` in this process (what `exo-tui chat` runs) and prints one API
-stream's tok/s against it. Greedy decoding: both paths produce the same tokens.
+ratio of the aggregate to one stream's. Then runs one API stream and the same prompt through
+`LocalBackend.generate` in this process (what `exo-tui chat` runs) in turns, and prints the
+one against the other. Greedy decoding: both paths produce the same tokens.
 
     .venv/bin/python bench/api.py [--model PATH] [--streams 1,2,4,8,16] [--max-tokens 64]
 
@@ -89,25 +89,28 @@ async def round_of(url: str, name: str, streams: int, max_tokens: int) -> dict[s
     }
 
 
-def headless(model: str, max_tokens: int, repeats: int) -> tuple[float, int]:
-    """(tok/s from the request to its last token, tokens) through LocalBackend in-process."""
+def headless_backend(model: str) -> object:
     from engine.loading import load_model, run_loading
     from engine.models.finding import resolve_model
+    from exo_tui.chat.backend import LocalBackend
+
+    return LocalBackend(run_loading(load_model(Path(resolve_model(model).path)), lambda _: None))
+
+
+def headless(backend: object, max_tokens: int) -> tuple[float, int]:
+    """(tok/s from the request to its last token, tokens) through LocalBackend in-process,
+    what `exo-tui chat` runs."""
     from engine.types import ChatRequest, DoneChunk, Message
     from exo_tui.chat.backend import LocalBackend
 
-    backend = LocalBackend(run_loading(load_model(Path(resolve_model(model).path)), lambda _: None))
+    assert isinstance(backend, LocalBackend)
     request = ChatRequest(
         messages=(Message(role="user", content=PROMPT),), max_tokens=max_tokens, temperature=0
     )
-    best, tokens = 0.0, 0
-    for _ in range(repeats + 1):  # the first warms the prompt cache, as the API's first did
-        started = time.perf_counter()
-        done = [c for c in backend.generate(request, None) if isinstance(c, DoneChunk)][-1]
-        tokens = done.usage.completion_tokens
-        best = max(best, tokens / (time.perf_counter() - started))
-    backend.unload()
-    return best, tokens
+    started = time.perf_counter()
+    done = [c for c in backend.generate(request, None) if isinstance(c, DoneChunk)][-1]
+    tokens = done.usage.completion_tokens
+    return tokens / (time.perf_counter() - started), tokens
 
 
 def main() -> None:
@@ -141,13 +144,24 @@ def main() -> None:
             )
             print(f"{count:>7} {result['aggregate']:>9.1f} {result['aggregate'] / base:>6.2f} "
                   f"{result['p50'] * 1000:>7.0f}ms {result['p95'] * 1000:>7.0f}ms")  # fmt: skip
+        # One stream against the headless chat, taken in turns so that the machine's other
+        # work weighs on both alike; the server idles while the chat runs.
+        backend = headless_backend(args.model)
+        headless(backend, args.max_tokens)  # warm-up
+        api_rates: list[float] = []
+        chat_rates: list[float] = []
+        tokens = 0
+        for _ in range(args.repeats):
+            api_rates.append(asyncio.run(round_of(url, name, 1, args.max_tokens))["one_stream_e2e"])
+            rate, tokens = headless(backend, args.max_tokens)
+            chat_rates.append(rate)
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=120)
-    chat_rate, tokens = headless(args.model, args.max_tokens, args.repeats)
-    api_rate = single["one_stream_e2e"]
-    print(f"one stream, request to last token: API {api_rate:.1f} tok/s, headless chat "
-          f"{chat_rate:.1f} tok/s ({tokens} tokens): {api_rate / chat_rate:.2f}x")  # fmt: skip
+    api_rate, chat_rate = statistics.median(api_rates), statistics.median(chat_rates)
+    print(f"one stream, request to last token ({tokens} tokens, medians of {args.repeats}): "
+          f"API {api_rate:.1f} tok/s, headless chat {chat_rate:.1f} tok/s: "
+          f"{api_rate / chat_rate:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
