@@ -69,22 +69,17 @@ async def one_stream(api: object, name: str, max_tokens: int) -> tuple[float, fl
     return first, time.perf_counter() - started, tokens
 
 
-async def round_of(url: str, name: str, streams: int, max_tokens: int) -> dict[str, float]:
-    from openai import AsyncOpenAI
-
-    api = AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
+async def round_of(api: object, name: str, streams: int, max_tokens: int) -> dict[str, float]:
     started = time.perf_counter()
     results = await asyncio.gather(*(one_stream(api, name, max_tokens) for _ in range(streams)))
     wall = time.perf_counter() - started
     ttfts = sorted(r[0] for r in results)
     tokens = sum(r[2] for r in results)
-    await api.close()
     return {
         "aggregate": tokens / wall,
         "p50": statistics.median(ttfts),
         "p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
         "tokens": tokens,
-        "one_stream": results[0][2] / max(results[0][1] - results[0][0], 1e-9),
         "one_stream_e2e": results[0][2] / results[0][1],
     }
 
@@ -130,34 +125,41 @@ def main() -> None:
     name = resolve_model(args.model).name
     process, url = start_server(args.model, max(counts))
     try:
-        asyncio.run(round_of(url, name, 1, args.max_tokens))  # warm-up: compile, prompt cache
-        single = max(
-            (asyncio.run(round_of(url, name, 1, args.max_tokens)) for _ in range(args.repeats)),
-            key=lambda r: r["one_stream_e2e"],
-        )
-        print(f"model {name}, {args.max_tokens} tokens a stream at most, greedy")
-        print(f"{'streams':>7} {'tok/s':>9} {'x one':>6} {'TTFT p50':>9} {'TTFT p95':>9}")
-        base = single["aggregate"]
-        for count in counts:
-            result = (
-                single if count == 1 else asyncio.run(round_of(url, name, count, args.max_tokens))
-            )
-            print(f"{count:>7} {result['aggregate']:>9.1f} {result['aggregate'] / base:>6.2f} "
-                  f"{result['p50'] * 1000:>7.0f}ms {result['p95'] * 1000:>7.0f}ms")  # fmt: skip
-        # One stream against the headless chat, taken in turns so that the machine's other
-        # work weighs on both alike; the server idles while the chat runs.
-        backend = headless_backend(args.model)
-        headless(backend, args.max_tokens)  # warm-up
-        api_rates: list[float] = []
-        chat_rates: list[float] = []
-        tokens = 0
-        for _ in range(args.repeats):
-            api_rates.append(asyncio.run(round_of(url, name, 1, args.max_tokens))["one_stream_e2e"])
-            rate, tokens = headless(backend, args.max_tokens)
-            chat_rates.append(rate)
+        asyncio.run(measure(url, name, args, counts))
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=120)
+
+
+async def measure(url: str, name: str, args: argparse.Namespace, counts: list[int]) -> None:
+    from openai import AsyncOpenAI
+
+    # One client for every round, as an application keeps one: its connections are reused.
+    api = AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
+    await round_of(api, name, 1, args.max_tokens)  # warm-up: compile, prompt cache
+    single = max(
+        [await round_of(api, name, 1, args.max_tokens) for _ in range(args.repeats)],
+        key=lambda r: r["one_stream_e2e"],
+    )
+    print(f"model {name}, {args.max_tokens} tokens a stream at most, greedy")
+    print(f"{'streams':>7} {'tok/s':>9} {'x one':>6} {'TTFT p50':>9} {'TTFT p95':>9}")
+    base = single["aggregate"]
+    for count in counts:
+        result = single if count == 1 else await round_of(api, name, count, args.max_tokens)
+        print(f"{count:>7} {result['aggregate']:>9.1f} {result['aggregate'] / base:>6.2f} "
+              f"{result['p50'] * 1000:>7.0f}ms {result['p95'] * 1000:>7.0f}ms")  # fmt: skip
+    # One stream against the headless chat, in turns so that the machine's other work weighs
+    # on both alike; the server idles while the chat runs here.
+    backend = headless_backend(args.model)
+    headless(backend, args.max_tokens)  # warm-up
+    api_rates: list[float] = []
+    chat_rates: list[float] = []
+    tokens = 0
+    for _ in range(args.repeats):
+        api_rates.append((await round_of(api, name, 1, args.max_tokens))["one_stream_e2e"])
+        rate, tokens = headless(backend, args.max_tokens)
+        chat_rates.append(rate)
+    await api.close()
     api_rate, chat_rate = statistics.median(api_rates), statistics.median(chat_rates)
     print(f"one stream, request to last token ({tokens} tokens, medians of {args.repeats}): "
           f"API {api_rate:.1f} tok/s, headless chat {chat_rate:.1f} tok/s: "
