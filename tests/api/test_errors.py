@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -156,9 +158,7 @@ def test_a_full_queue_is_429_with_retry_after(serve: Serve, demo_backend: LocalB
     assert [a.status_code for a in answers] == [200, 200]
 
 
-def wait_until(condition, timeout: float = 30.0) -> None:  # noqa: ANN001
-    import time
-
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "the condition never held"
