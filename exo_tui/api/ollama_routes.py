@@ -42,6 +42,8 @@ from exo_tui.api.ollama_types import (
     GenerateIn,
     GenerateLine,
     MessageOut,
+    Running,
+    RunningModel,
     Show,
     ShowIn,
     TagModel,
@@ -82,6 +84,26 @@ async def tags(request: Request) -> Response:
             )
         )
     return json_response(Tags(models=models))
+
+
+async def running(request: Request) -> Response:
+    """/api/ps: the loaded model, kept until it is unloaded (expires_at far ahead)."""
+    backend = context_of(request).get_backend()
+    models: list[RunningModel] = []
+    if backend is not None:
+        card = backend.card
+        models.append(
+            RunningModel(
+                name=card.name,
+                model=card.name,
+                size=card.bytes_on_disk,
+                digest=digest(card),
+                details=details(card),
+                expires_at="9999-12-31T23:59:59Z",
+                context_length=card.context_length,
+            )
+        )
+    return json_response(Running(models=models))
 
 
 async def show(request: Request) -> Response:
@@ -246,6 +268,7 @@ ROUTES = [
     Route("/api/version", version, methods=["GET"]),
     Route("/api/tags", tags, methods=["GET"]),
     Route("/api/show", show, methods=["POST"]),
+    Route("/api/ps", running, methods=["GET"]),
     Route("/api/chat", chat, methods=["POST"]),
     Route("/api/generate", generate, methods=["POST"]),
 ]

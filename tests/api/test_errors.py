@@ -163,3 +163,13 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition never held"
         time.sleep(0.01)
+
+
+def test_an_unknown_endpoint_or_method_says_where_to_go(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    url = serve(demo_backend).url
+    assert "/v1/chat/completions" in openai_error(httpx.get(f"{url}/v1/completions"), 404)
+    assert "/api/chat" in ollama_error(httpx.post(f"{url}/api/pull", json={}), 404)
+    assert "GET is not allowed" in openai_error(httpx.get(f"{url}/v1/chat/completions"), 405)
+    assert httpx.get(url).text == "Ollama is running"  # what Ollama clients probe
