@@ -42,6 +42,8 @@ from exo_tui.api.ollama_types import (
     GenerateIn,
     GenerateLine,
     MessageOut,
+    Running,
+    RunningModel,
     Show,
     ShowIn,
     TagModel,
@@ -84,6 +86,26 @@ async def tags(request: Request) -> Response:
     return json_response(Tags(models=models))
 
 
+async def running(request: Request) -> Response:
+    """/api/ps: the loaded model, kept until it is unloaded (expires_at far ahead)."""
+    backend = context_of(request).get_backend()
+    models: list[RunningModel] = []
+    if backend is not None:
+        card = backend.card
+        models.append(
+            RunningModel(
+                name=card.name,
+                model=card.name,
+                size=card.bytes_on_disk,
+                digest=digest(card),
+                details=details(card),
+                expires_at="9999-12-31T23:59:59Z",
+                context_length=card.context_length,
+            )
+        )
+    return json_response(Running(models=models))
+
+
 async def show(request: Request) -> Response:
     context = context_of(request)
     body = await read_model(request, ShowIn, "show request")
@@ -113,10 +135,14 @@ async def show(request: Request) -> Response:
 
 async def chat(request: Request) -> Response:
     body = await read_model(request, ChatIn, "chat request")
-    if not body.messages:
-        raise bad_request("The chat request has no messages. Send at least one", "messages")
     backend = backend_for(context_of(request).get_backend, body.model)
     name = backend.card.name
+    if not body.messages:  # Ollama's way to load a model: it is loaded
+        return json_response(
+            ChatLine(
+                model=name, created_at=now(), message=MessageOut(), done=True, done_reason="load"
+            )
+        )
 
     def shape(
         part: MessageOut, done: DoneChunk | None, elapsed: float, queued: int | None
@@ -171,9 +197,13 @@ async def _answer(
     job = scheduler.admit(backend, chat, "ollama", client_of(request))
     watcher = watch_disconnect(request, job.cancel)
     events = scheduler.stream(job)
-    try:
-        if not stream:
+    if not stream:
+        try:
             return json_response(await _whole(events, shape, started))
+        finally:
+            watcher.cancel()
+            await events.aclose()
+    try:
         first = await anext(events)  # a refusal before the first chunk is still a 400
     except BaseException:
         watcher.cancel()
@@ -185,16 +215,18 @@ async def _answer(
 
 
 async def _whole(events: AsyncIterator[Queued | Chunk], shape: Shape, started: float) -> BaseModel:
+    """The whole answer, once its thread has ended (the events run out)."""
     parts: list[MessageOut] = []
+    done: DoneChunk | None = None
     async for event in events:
-        if isinstance(event, Queued):
-            continue
         if isinstance(event, ErrorChunk):
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
-            return shape(merged(parts), event, time.perf_counter() - started, None)
-        parts.append(message_part(event))
-    raise ApiError(500, "The answer ended without its last chunk", "server_error")
+            done = done or event
+        elif not isinstance(event, Queued):
+            parts.append(message_part(event))
+    assert done is not None  # the scheduler always ends with one
+    return shape(merged(parts), done, time.perf_counter() - started, None)
 
 
 async def _lines(
@@ -236,6 +268,7 @@ ROUTES = [
     Route("/api/version", version, methods=["GET"]),
     Route("/api/tags", tags, methods=["GET"]),
     Route("/api/show", show, methods=["POST"]),
+    Route("/api/ps", running, methods=["GET"]),
     Route("/api/chat", chat, methods=["POST"]),
     Route("/api/generate", generate, methods=["POST"]),
 ]

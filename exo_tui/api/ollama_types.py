@@ -157,6 +157,21 @@ class Tags(Frozen):
     models: list[TagModel]
 
 
+class RunningModel(Frozen):
+    name: str
+    model: str
+    size: int
+    size_vram: int = 0  # MLX here runs on the CPU
+    digest: str
+    details: ModelDetails
+    expires_at: str
+    context_length: int | None = None
+
+
+class Running(Frozen):
+    models: list[RunningModel]
+
+
 class Show(Frozen):
     modelfile: str
     parameters: str

@@ -50,6 +50,17 @@ def chat_request(body: ChatCompletionRequest, card: ModelCard) -> ChatRequest:
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
         stop=stop,
+        enable_thinking=_thinking(body),
+    )
+
+
+def _thinking(body: ChatCompletionRequest) -> bool | None:
+    wanted = (body.chat_template_kwargs or {}).get("enable_thinking")
+    if wanted is None or isinstance(wanted, bool):
+        return wanted
+    raise bad_request(
+        f"chat_template_kwargs.enable_thinking is {wanted!r}: use true or false",
+        "chat_template_kwargs",
     )
 
 

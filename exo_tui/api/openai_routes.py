@@ -56,9 +56,13 @@ async def chat_completions(request: Request) -> Response:
     job = context.scheduler.admit(backend, chat, "openai", client_of(request))
     watcher = watch_disconnect(request, job.cancel)
     events = context.scheduler.stream(job)
-    try:
-        if not body.stream:
+    if not body.stream:
+        try:
             return json_response(await _whole(events, backend.card.name))
+        finally:
+            watcher.cancel()
+            await events.aclose()
+    try:
         first = await anext(events)  # a refusal before the first chunk is still a 400
     except BaseException:
         watcher.cancel()
@@ -71,24 +75,24 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def _whole(events: AsyncIterator[Queued | Chunk], model: str) -> ChatCompletion:
+    """The whole answer, once its thread has ended (the events run out)."""
     deltas: list[Delta] = []
-    calls = 0
+    done: DoneChunk | None = None
     async for event in events:
-        if isinstance(event, Queued):
-            continue
         if isinstance(event, ErrorChunk):
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
-            return ChatCompletion(
-                id=completion_id(),
-                created=int(time.time()),
-                model=model,
-                choices=[Choice(message=merged(deltas), finish_reason=finish(event.finish_reason))],
-                usage=usage(event.usage),
-            )
-        deltas.append(delta(event, calls))
-        calls += event.type == "tool_call"
-    raise ApiError(500, "The answer ended without its last chunk", "server_error")
+            done = done or event
+        elif not isinstance(event, Queued):
+            deltas.append(delta(event, sum(len(d.tool_calls or ()) for d in deltas)))
+    assert done is not None  # the scheduler always ends with one
+    return ChatCompletion(
+        id=completion_id(),
+        created=int(time.time()),
+        model=model,
+        choices=[Choice(message=merged(deltas), finish_reason=finish(done.finish_reason))],
+        usage=usage(done.usage),
+    )
 
 
 async def _sse(

@@ -76,6 +76,8 @@ class ChatCompletionRequest(WireRequest):
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)  # one choice per request
+    # As mlx-lm's and vLLM's servers take it: {"enable_thinking": false} for Qwen3 and the like.
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # Responses.

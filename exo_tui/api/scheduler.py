@@ -22,12 +22,14 @@ from engine.types import (
     DoneChunk,
     ErrorChunk,
     Frozen,
+    ReasoningChunk,
     Stats,
     TextChunk,
     Usage,
 )
 from exo_tui.api.board import RequestBoard, RequestState
 from exo_tui.api.errors import ApiError
+from exo_tui.api.inbox import Inbox
 from exo_tui.api.stops import StopCut
 from exo_tui.chat.backend import Backend
 
@@ -74,12 +76,18 @@ class CancelFlag(threading.Event):
 class Job:
     """One admitted request, from the queue to its last chunk."""
 
-    def __init__(self, backend: Backend, request: ChatRequest, cancel: CancelFlag) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        request: ChatRequest,
+        cancel: CancelFlag,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.backend = backend
         self.request = request
         self.cancel = cancel
         self.id = ""
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.events: Inbox[Event] = Inbox(loop)
         self.state: Literal["waiting", "running", "finished"] = "waiting"
         self.position: int | None = None
         self.stops = StopCut(request.stop)
@@ -128,32 +136,41 @@ class Scheduler:
             if job is not None:
                 self._cancelled(job)
 
-        job = Job(backend, request, CancelFlag(loop, cancelled))
+        job = Job(backend, request, CancelFlag(loop, cancelled), loop)
         job.id = self.board.open(api, backend.card.name, client, job.cancel).id
         self._waiting.append(job)
         self._grant()
         return job
 
     async def stream(self, job: Job) -> AsyncGenerator[Queued | Chunk]:
-        """The job's chunks, after a `Queued` first if it waits. Raises ApiError when it fails
-        before its first chunk; a later failure is an ErrorChunk. Leaving early cancels it."""
-        sent = False
+        """The job's chunks, after a `Queued` first if it waits, and always a DoneChunk last.
+        Raises ApiError when it fails before its first chunk; a later failure is an
+        ErrorChunk. Leaving early cancels it."""
+        sent = done = False
         try:
             if job.state == "waiting" and job.position is not None:
                 yield Queued(position=job.position)
                 sent = True
-            while (event := await job.events.get()) is not None:
-                if isinstance(event, Failed):
-                    if not sent:
-                        raise ApiError(
-                            400 if event.refused else 500,
-                            event.message,
-                            "invalid_request_error" if event.refused else "server_error",
-                        )
-                    yield ErrorChunk(message=event.message)
-                    continue
-                sent = True
-                yield event
+            ended = False
+            while not ended:
+                for event in _joined(await job.events.take()):
+                    if event is None:
+                        ended = True
+                        break
+                    if isinstance(event, Failed):
+                        if not sent:
+                            raise ApiError(
+                                400 if event.refused else 500,
+                                event.message,
+                                "invalid_request_error" if event.refused else "server_error",
+                            )
+                        yield ErrorChunk(message=event.message)
+                        continue
+                    sent = True
+                    done = isinstance(event, DoneChunk)
+                    yield event
+            if not done:  # cancelled (the thread stops at once) or failed: still an ending
+                yield _cancelled_done()
         finally:
             if job.state != "finished":
                 job.cancel.set()
@@ -184,15 +201,14 @@ class Scheduler:
         self._waiting.remove(job)
         job.state = "finished"
         self.board.update(job.id, state="cancelled", queue_position=None, detail="while queued")
-        job.events.put_nowait(_cancelled_while_queued())
-        job.events.put_nowait(None)
+        job.events.put(None)
         self._grant()
 
     def _finished(self, job: Job) -> None:
         self._running.discard(job)
         job.state = "finished"
         self.board.update(job.id, state=job.outcome, detail=job.detail)
-        job.events.put_nowait(None)
+        job.events.put(None)
         self._grant()
 
     def _pump(self, job: Job) -> None:
@@ -201,9 +217,7 @@ class Scheduler:
         assert loop is not None
 
         def put(event: Event) -> None:
-            try:
-                loop.call_soon_threadsafe(job.events.put_nowait, event)
-            except RuntimeError:  # the loop has closed: nobody reads this answer
+            if not job.events.put(event):  # the loop has closed: nobody reads this answer
                 job.cancel.set()
 
         meter = _Meter(self.board, job.id)
@@ -234,6 +248,21 @@ class Scheduler:
                 loop.call_soon_threadsafe(self._finished, job)
 
 
+def _joined(batch: list[Event]) -> list[Event]:
+    """A batch with each run of text (or of reasoning) as one chunk: a reader that fell
+    behind gets fewer, longer deltas."""
+    out: list[Event] = []
+    for event in batch:
+        last = out[-1] if out else None
+        if isinstance(event, TextChunk) and isinstance(last, TextChunk):
+            out[-1] = TextChunk(text=last.text + event.text)
+        elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
+            out[-1] = ReasoningChunk(text=last.text + event.text)
+        else:
+            out.append(event)
+    return out
+
+
 def _through_stops(job: Job, chunk: Chunk) -> list[Chunk]:
     """`chunk` as the client gets it, once the stop strings have cut the answer."""
     if isinstance(chunk, TextChunk):
@@ -247,7 +276,7 @@ def _through_stops(job: Job, chunk: Chunk) -> list[Chunk]:
     return [] if job.stops.hit else [chunk]
 
 
-def _cancelled_while_queued() -> DoneChunk:
+def _cancelled_done() -> DoneChunk:
     return DoneChunk(
         finish_reason="cancelled",
         usage=Usage(prompt_tokens=0, completion_tokens=0),

@@ -200,12 +200,16 @@ class ApiServer:
         if not self._server.started:
             raise OSError(f"the API server on {self.url} did not start")
 
-    def stop(self) -> None:
-        """Cancel what is queued or answering, close the connections and wait for the thread."""
+    def cancel_all(self) -> None:
+        """Cancel every request, queued or answering (from any thread: a model unloads)."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(scheduler_of(self.app).cancel_all)
+
+    def stop(self) -> None:
+        """Cancel what is queued or answering, close the connections and wait for the thread."""
+        self.cancel_all()
         self._server.should_exit = True
         if self._thread.is_alive():
             self._thread.join()
@@ -223,10 +227,31 @@ class ApiServer:
         asyncio.run(serve())
 
 
+def start_api(
+    get_backend: BackendGetter,
+    board: RequestBoard,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    api_key: str | None = None,
+    max_waiting: int = MAX_WAITING,
+) -> ApiServer:
+    """The API on `host:port`, serving `get_backend()`, listening when this returns (OSError
+    if the port cannot be had); `.stop()` ends it. Off loopback it needs a key."""
+    if not is_loopback(host) and not api_key:
+        raise ValueError(f"serving on {host}, off loopback, needs an API key")
+    app = build_app(get_backend, board, api_key=api_key, max_waiting=max_waiting)
+    server = ApiServer(app, host, port)
+    server.start()
+    return server
+
+
 def _bound(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle off only on sockets that say they are TCP, and a
+    # reply's head and body written apart then wait for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as error:

@@ -14,7 +14,8 @@ from engine.loading import load_model, run_loading
 from engine.models.locations import bundled_demo_dir
 from engine.types import ChatRequest, Chunk, ModelCard
 from exo_tui.api.board import RequestBoard
-from exo_tui.api.server import ApiServer, build_app
+from exo_tui.api.scheduler import Scheduler
+from exo_tui.api.server import ApiServer, scheduler_of, start_api
 from exo_tui.chat.backend import Backend, LocalBackend
 
 
@@ -40,9 +41,7 @@ class Served:
         self.url = server.url
 
     @property
-    def scheduler(self):  # noqa: ANN201
-        from exo_tui.api.server import scheduler_of
-
+    def scheduler(self) -> Scheduler:
         return scheduler_of(self.server.app)
 
 
@@ -56,9 +55,7 @@ def serve() -> Iterator[Serve]:
 
     def start(backend: Backend | None, **options: object) -> Served:
         board = RequestBoard()
-        app = build_app(lambda: backend, board, **options)  # type: ignore[arg-type]
-        server = ApiServer(app, "127.0.0.1", 0)
-        server.start()
+        server = start_api(lambda: backend, board, "127.0.0.1", 0, **options)  # type: ignore[arg-type]
         started.append(server)
         return Served(server, board)
 
@@ -71,8 +68,9 @@ class HeldBackend:
     """The real backend, but each answer waits at its start until the test lets it go: the
     queue's tests then know which request holds the slot."""
 
-    def __init__(self, inner: Backend) -> None:
+    def __init__(self, inner: Backend, concurrency: int | None = None) -> None:
         self.inner = inner
+        self._concurrency = concurrency
         self.go = threading.Event()
         self.started = threading.Semaphore(0)
 
@@ -82,7 +80,7 @@ class HeldBackend:
 
     @property
     def concurrency(self) -> int:
-        return self.inner.concurrency
+        return self._concurrency or self.inner.concurrency
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         self.started.release()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import httpx
 import openai
@@ -156,10 +158,18 @@ def test_a_full_queue_is_429_with_retry_after(serve: Serve, demo_backend: LocalB
     assert [a.status_code for a in answers] == [200, 200]
 
 
-def wait_until(condition, timeout: float = 30.0) -> None:  # noqa: ANN001
-    import time
-
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "the condition never held"
         time.sleep(0.01)
+
+
+def test_an_unknown_endpoint_or_method_says_where_to_go(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    url = serve(demo_backend).url
+    assert "/v1/chat/completions" in openai_error(httpx.get(f"{url}/v1/completions"), 404)
+    assert "/api/chat" in ollama_error(httpx.post(f"{url}/api/pull", json={}), 404)
+    assert "GET is not allowed" in openai_error(httpx.get(f"{url}/v1/chat/completions"), 405)
+    assert httpx.get(url).text == "Ollama is running"  # what Ollama clients probe

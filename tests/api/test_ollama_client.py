@@ -1,4 +1,4 @@
-"""The `ollama` package against the server: a streamed chat, tools, generate, list, show."""
+"""The `ollama` package against the server: a streamed chat, tools, generate, list, ps, show."""
 
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ def test_generate_list_show_version(serve: Serve, demo_backend: LocalBackend) ->
     listed = api.list()
     assert [m.model for m in listed.models] == ["demo"]
     assert listed.models[0].details is not None and listed.models[0].details.family == "llama"
+    [loaded] = api.ps().models
+    assert loaded.model == "demo" and loaded.context_length == 2048
     shown = api.show("demo:latest")
     assert shown.modelinfo is not None and shown.modelinfo["general.architecture"] == "llama"
     assert shown.capabilities is not None and "tools" in shown.capabilities

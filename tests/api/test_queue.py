@@ -132,3 +132,54 @@ def test_a_request_cancelled_from_the_board_leaves_the_queue(
     held.go.set()
     first.join(60)
     assert answers["first"].status_code == 200
+
+
+def test_a_running_answer_cancelled_from_the_board_still_ends_well(
+    serve: Serve, tiny_backend: LocalBackend
+) -> None:
+    served = serve(tiny_backend)
+    body = {
+        "model": tiny_backend.card.name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1900,
+    }
+    answers: list[httpx.Response] = []
+    asking = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=120)
+        )
+    )
+    asking.start()
+    wait_until(lambda: any(r.state == "answering" for r in served.board.snapshot()))
+    assert served.board.cancel(served.board.snapshot()[0].id)
+    asking.join(120)
+    [answer] = answers
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["finish_reason"] == "stop"
+    assert served.board.snapshot()[0].state == "cancelled"
+
+
+def test_a_backend_that_answers_two_at_once_gets_two(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    """What LocalBackend will say once it batches: two generate calls run, the third waits."""
+    held = HeldBackend(demo_backend, concurrency=2)
+    served = serve(held)
+    answers: list[httpx.Response] = []
+
+    def ask() -> None:
+        body = {**HELLO, "max_tokens": 10}
+        answers.append(httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60))
+
+    threads = [threading.Thread(target=ask) for _ in range(3)]
+    for thread in threads[:2]:
+        thread.start()
+    assert held.started.acquire(timeout=30) and held.started.acquire(timeout=30)
+    threads[2].start()
+    wait_until(lambda: served.scheduler.waiting == 1)
+    assert served.scheduler.running == 2
+    assert [r.queue_position for r in served.board.snapshot()] == [None, None, 1]
+    held.go.set()
+    for thread in threads:
+        thread.join(60)
+    assert [a.status_code for a in answers] == [200, 200, 200]

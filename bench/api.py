@@ -1,0 +1,201 @@
+"""Benchmark: concurrent streams through `exo-tui serve` (the openai client), and one stream
+against the headless chat path on the same prompt.
+
+Starts `exo-tui serve` in a subprocess on a free port, then for 1, 2, 4, 8 and 16 concurrent
+streams prints the aggregate decode tok/s, each stream's time to first token (p50, p95) and the
+ratio of the aggregate to one stream's. Then runs one API stream and the same prompt through
+`LocalBackend.generate` in this process (what `exo-tui chat` runs) in turns, and prints the
+one against the other. Greedy decoding: both paths produce the same tokens.
+
+    .venv/bin/python bench/api.py [--model PATH] [--streams 1,2,4,8,16] [--max-tokens 64]
+
+`--model` takes a model folder, e.g. the 4-bit llama of Llama-3.2-1B's shape that
+bench/cpu_kernels.py builds (its `q4` folder in the user cache); the default is the demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "hello, who are you and what can you do?"  # the demo answers it in text, at length
+
+
+def start_server(model: str, streams: int) -> tuple[subprocess.Popen[str], str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exo_tui.cli", "serve", "--model", model, "--port", "0",
+         "--max-queue", str(max(16, streams))],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert process.stdout is not None
+    for line in process.stdout:
+        found = re.search(r"on (http://[^ ]+) ", line)
+        if found:
+            return process, found.group(1)
+    raise SystemExit(f"exo-tui serve did not start (exit {process.wait()})")
+
+
+async def one_stream(api: object, name: str, max_tokens: int) -> tuple[float, float, int]:
+    """(seconds to the first text, seconds in all, completion tokens)."""
+    from openai import AsyncOpenAI
+
+    assert isinstance(api, AsyncOpenAI)
+    started = time.perf_counter()
+    first = 0.0
+    tokens = 0
+    stream = await api.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": PROMPT}],
+        temperature=0,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        if not first and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - started
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    return first, time.perf_counter() - started, tokens
+
+
+async def round_of(api: object, name: str, streams: int, max_tokens: int) -> dict[str, float]:
+    started = time.perf_counter()
+    results = await asyncio.gather(*(one_stream(api, name, max_tokens) for _ in range(streams)))
+    wall = time.perf_counter() - started
+    ttfts = sorted(r[0] for r in results)
+    tokens = sum(r[2] for r in results)
+    return {
+        "aggregate": tokens / wall,
+        "p50": statistics.median(ttfts),
+        "p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+        "tokens": tokens,
+        "one_stream_e2e": results[0][2] / results[0][1],
+    }
+
+
+async def raw_stream(client: object, url: str, name: str, max_tokens: int) -> float:
+    """One stream read as SSE lines with httpx, no client parsing: tok/s, request to last."""
+    import httpx
+
+    assert isinstance(client, httpx.AsyncClient)
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    tokens = 0
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if '"usage"' in line:
+                tokens = json.loads(line[len("data: ") :])["usage"]["completion_tokens"]
+    return tokens / (time.perf_counter() - started)
+
+
+def headless_backend(model: str) -> object:
+    from engine.loading import load_model, run_loading
+    from engine.models.finding import resolve_model
+    from exo_tui.chat.backend import LocalBackend
+
+    return LocalBackend(run_loading(load_model(Path(resolve_model(model).path)), lambda _: None))
+
+
+def headless(backend: object, max_tokens: int) -> tuple[float, int]:
+    """(tok/s from the request to its last token, tokens) through LocalBackend in-process,
+    what `exo-tui chat` runs."""
+    from engine.types import ChatRequest, DoneChunk, Message
+    from exo_tui.chat.backend import LocalBackend
+
+    assert isinstance(backend, LocalBackend)
+    request = ChatRequest(
+        messages=(Message(role="user", content=PROMPT),), max_tokens=max_tokens, temperature=0
+    )
+    started = time.perf_counter()
+    done = [c for c in backend.generate(request, None) if isinstance(c, DoneChunk)][-1]
+    tokens = done.usage.completion_tokens
+    return tokens / (time.perf_counter() - started), tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--model", default="demo", help="a model name or folder (default demo)")
+    parser.add_argument("--streams", default="1,2,4,8,16", help="concurrent streams per round")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="single-stream runs to take the best of"
+    )
+    args = parser.parse_args()
+    counts = [int(n) for n in args.streams.split(",")]
+
+    sys.path.insert(0, str(ROOT))
+    from engine.models.finding import resolve_model
+
+    name = resolve_model(args.model).name
+    process, url = start_server(args.model, max(counts))
+    try:
+        asyncio.run(measure(url, name, args, counts))
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)
+
+
+async def measure(url: str, name: str, args: argparse.Namespace, counts: list[int]) -> None:
+    from openai import AsyncOpenAI
+
+    # One client for every round, as an application keeps one: its connections are reused.
+    api = AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
+    await round_of(api, name, 1, args.max_tokens)  # warm-up: compile, prompt cache
+    single = max(
+        [await round_of(api, name, 1, args.max_tokens) for _ in range(args.repeats)],
+        key=lambda r: r["one_stream_e2e"],
+    )
+    print(f"model {name}, {args.max_tokens} tokens a stream at most, greedy")
+    print(f"{'streams':>7} {'tok/s':>9} {'x one':>6} {'TTFT p50':>9} {'TTFT p95':>9}")
+    base = single["aggregate"]
+    for count in counts:
+        result = single if count == 1 else await round_of(api, name, count, args.max_tokens)
+        print(f"{count:>7} {result['aggregate']:>9.1f} {result['aggregate'] / base:>6.2f} "
+              f"{result['p50'] * 1000:>7.0f}ms {result['p95'] * 1000:>7.0f}ms")  # fmt: skip
+    # One stream against the headless chat, in turns so that the machine's other work weighs
+    # on both alike; the server idles while the chat runs here.
+    backend = headless_backend(args.model)
+    headless(backend, args.max_tokens)  # warm-up
+    import httpx
+
+    raw = httpx.AsyncClient(timeout=600)
+    api_rates: list[float] = []
+    raw_rates: list[float] = []
+    chat_rates: list[float] = []
+    tokens = 0
+    for _ in range(args.repeats):
+        api_rates.append((await round_of(api, name, 1, args.max_tokens))["one_stream_e2e"])
+        raw_rates.append(await raw_stream(raw, url, name, args.max_tokens))
+        rate, tokens = headless(backend, args.max_tokens)
+        chat_rates.append(rate)
+    await api.close()
+    await raw.aclose()
+    api_rate, chat_rate = statistics.median(api_rates), statistics.median(chat_rates)
+    raw_rate = statistics.median(raw_rates)
+    print(f"one stream, request to last token ({tokens} tokens, medians of {args.repeats}): "
+          f"headless chat {chat_rate:.1f} tok/s; API with the openai client {api_rate:.1f} "
+          f"({api_rate / chat_rate:.2f}x), read as plain SSE lines {raw_rate:.1f} "
+          f"({raw_rate / chat_rate:.2f}x)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Items from a worker thread to the event loop: put there, taken here in batches, with one
+wake-up of the loop per batch however many came (a slow reader costs the writer nothing)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Inbox(Generic[T]):
+    """Made on the loop's thread; `put` from any thread, `take` on the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._items: deque[T] = deque()
+        self._waking = False  # a wake-up is on its way to the loop
+        self._ready = asyncio.Event()
+
+    def put(self, item: T) -> bool:
+        """False once the loop has closed (nobody will take it)."""
+        self._items.append(item)
+        if self._waking:
+            return True
+        self._waking = True
+        try:
+            self._loop.call_soon_threadsafe(self._ready.set)
+        except RuntimeError:
+            return False
+        return True
+
+    async def take(self) -> list[T]:
+        """Everything put so far, in order; waits for at least one item."""
+        while True:
+            # Cleared before the items are taken: whatever is put after this wakes us again.
+            self._waking = False
+            batch: list[T] = []
+            while self._items:
+                batch.append(self._items.popleft())
+            if batch:
+                return batch
+            self._ready.clear()
+            await self._ready.wait()
