@@ -1,0 +1,393 @@
+"""Continuous batching: concurrent requests to one loaded model decode together, each with its
+own prompt cache, sampler and chunks.
+
+One thread owns the model and runs mlx-lm's `BatchGenerator`; any number of threads call
+`BatchEngine.generate` and get the chunks `engine.generate` would give them. A request joins
+the batch at the next step and leaves it at the step it ends (its end, its length, a stop
+string, a cancel, or its caller closing the stream), and its cache goes back to the model's
+prompt cache, so a chat's next turn prefills only what is new. The next-turn prefill runs on the
+same thread while no request is active, and a request that arrives stops it.
+"""
+# pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
+# pyright: reportMissingTypeStubs=false
+# (mlx-lm ships no type information.)
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+
+from engine.answer import Answer
+from engine.errors import EngineError, RequestError
+from engine.generate import (
+    PREFILL_STEP,
+    CancelToken,
+    NeverCancelled,
+    prefill_next_turn,
+    prepared,
+    wait_for_streams,
+)
+from engine.loading import LoadedModel
+from engine.sampling import request_sampler
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Frozen
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH = 8  # requests decoded together; more wait for a slot
+
+
+# What callers send the model's thread.
+class Admission(Frozen):
+    """A request, checked and rendered in its caller's thread, waits for a slot."""
+
+    id: int
+    request: ChatRequest
+    prompt: tuple[int, ...]
+    max_tokens: int
+    started: float  # time.perf_counter() when its caller asked (for the TTFT)
+
+
+class Withdrawal(Frozen):
+    """The caller stopped reading: its request leaves the batch."""
+
+    id: int
+
+
+class PrefillAsked(Frozen):
+    """Prefill the next turn of `request` (with the typed `draft`) when the model is idle."""
+
+    id: int
+    request: ChatRequest
+    draft: str
+
+
+class Closing(Frozen):
+    """The model is being let go of: end every request and stop the thread."""
+
+
+Message = Admission | Withdrawal | PrefillAsked | Closing
+
+
+class PrefillDone(Frozen):
+    """The model's thread to a prefill's caller: how many tokens it prefilled, or why not."""
+
+    tokens: int = 0
+    cause: str | None = None
+    fix: str = ""
+
+
+def batchable(loaded: LoadedModel) -> bool:
+    """Whether every layer's cache of this model can join a batch (mlx-lm merges them)."""
+    return all(hasattr(cache, "merge") for cache in make_prompt_cache(loaded.model))
+
+
+@dataclass
+class _Caller:
+    """Where a request's chunks go, and its cancel (both held outside the messages: a queue and
+    an event are not data)."""
+
+    replies: queue.Queue[Chunk]
+    cancel: CancelToken
+
+
+@dataclass
+class _PrefillCaller:
+    replies: queue.Queue[PrefillDone]
+    cancel: CancelToken
+
+
+@dataclass
+class _Live:
+    """A request in the batch: its id, its answer so far and where its chunks go."""
+
+    id: int
+    answer: Answer
+    caller: _Caller
+
+
+class _PrefillStop:
+    """A next-turn prefill stops at its cancel, or when anything else reaches the thread."""
+
+    def __init__(self, cancel: CancelToken, inbox: queue.Queue[Message]) -> None:
+        self._cancel = cancel
+        self._inbox = inbox
+
+    def is_set(self) -> bool:
+        return self._cancel.is_set() or not self._inbox.empty()
+
+
+class BatchEngine:
+    """A loaded model that answers up to `max_batch` requests at once, decoded together."""
+
+    def __init__(self, loaded: LoadedModel, max_batch: int = DEFAULT_BATCH) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch is {max_batch}; it must be 1 or more")
+        self.loaded = loaded
+        self.max_batch = max_batch
+        self._inbox: queue.Queue[Message] = queue.Queue()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # over the two tables of callers
+        self._callers: dict[int, _Caller] = {}
+        self._prefill_callers: dict[int, _PrefillCaller] = {}
+        # The model's thread's own state.
+        self._waiting: deque[Admission] = deque()
+        self._live: dict[int, _Live] = {}  # by the batch's uid
+        self._prefills: deque[PrefillAsked] = deque()
+        self._batch: Any = None  # BatchGenerator, made when a request first needs it
+        self._thread = threading.Thread(target=self._run, name="batch-engine", daemon=True)
+        self._thread.start()
+
+    # The callers' side.
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None = None) -> Generator[Chunk]:
+        """Stream the answer to `request`, decoded with the other requests; the last chunk is
+        a DoneChunk. Raises RequestError before any chunk when the request cannot be served."""
+        started = time.perf_counter()
+        prompt, max_tokens = prepared(self.loaded, request)
+        ident = next(self._ids)
+        caller = _Caller(queue.Queue(), cancel or NeverCancelled())
+        with self._lock:
+            self._callers[ident] = caller
+        self._inbox.put(
+            Admission(
+                id=ident,
+                request=request,
+                prompt=tuple(prompt),
+                max_tokens=max_tokens,
+                started=started,
+            )
+        )
+        ended = False
+        try:
+            while True:
+                chunk = caller.replies.get()
+                ended = isinstance(chunk, DoneChunk)
+                yield chunk
+                if ended:
+                    return
+        finally:
+            if not ended:  # the caller closed the stream: free its slot
+                self._inbox.put(Withdrawal(id=ident))
+
+    def prefill_next(
+        self, request: ChatRequest, cancel: CancelToken | None = None, draft: str = ""
+    ) -> int:
+        """`prefill_next_turn` on the model's thread once no request is active; blocks until it
+        is done. A request that arrives, or `cancel`, stops it between steps."""
+        ident = next(self._ids)
+        caller = _PrefillCaller(queue.Queue(), cancel or NeverCancelled())
+        with self._lock:
+            self._prefill_callers[ident] = caller
+        self._inbox.put(PrefillAsked(id=ident, request=request, draft=draft))
+        done = caller.replies.get()
+        if done.cause is not None:
+            raise RequestError(done.cause, done.fix)
+        return done.tokens
+
+    def close(self) -> None:
+        """End every request (cancelled) and stop the model's thread."""
+        if self._thread.is_alive():
+            self._inbox.put(Closing())
+            self._thread.join()
+
+    # The model's thread.
+
+    def _run(self) -> None:
+        try:
+            while self._serve():
+                pass
+        finally:
+            wait_for_streams()
+
+    def _serve(self) -> bool:
+        """One round: read what came, start and end requests, one step. False: closing."""
+        idle = not (self._live or self._waiting or self._prefills)
+        for message in self._messages(block=idle):
+            match message:
+                case Admission():
+                    self._waiting.append(message)
+                case Withdrawal():
+                    self._withdraw(message.id)
+                case PrefillAsked():
+                    self._prefills.append(message)
+                case Closing():
+                    self._close()
+                    return False
+        self._end_cancelled()
+        self._admit()
+        if self._live:
+            self._step()
+        elif self._prefills and not self._waiting:
+            self._prefill(self._prefills.popleft())
+        return True
+
+    def _messages(self, block: bool) -> list[Message]:
+        messages: list[Message] = [self._inbox.get()] if block else []
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def _generator(self) -> Any:
+        if self._batch is None:
+            tokenizer: Any = self.loaded.tokenizer
+            self._batch = BatchGenerator(
+                self.loaded.model,
+                stop_tokens=[[token] for token in tokenizer.eos_token_ids],
+                completion_batch_size=self.max_batch,
+                prefill_batch_size=self.max_batch,
+                prefill_step_size=PREFILL_STEP,
+            )
+        return self._batch
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._live) < self.max_batch:
+            admission = self._waiting.popleft()
+            with self._lock:
+                caller = self._callers.get(admission.id)
+            if caller is None:
+                continue
+            prompt = list(admission.prompt)
+            request = admission.request
+            if caller.cancel.is_set():
+                self._cancel_waiting(admission, caller)
+                continue
+            cache, rest = self.loaded.prompt_cache.take(self.loaded.model, prompt)
+            cached = len(prompt) - len(rest)
+            answer = Answer(
+                self.loaded, request, prompt, cached, admission.max_tokens, admission.started
+            )
+            answer.prefilling()
+            (uid,) = self._generator().insert(
+                [rest],
+                max_tokens=[admission.max_tokens],
+                caches=[cache],
+                all_tokens=[prompt[:cached]],
+                samplers=[request_sampler(request)],
+            )
+            self._live[uid] = _Live(admission.id, answer, caller)
+
+    def _step(self) -> None:
+        batch = self._generator()
+        try:
+            _, responses = batch.next()
+        except Exception as error:  # a fault of the model's step: every request in it ends
+            log.exception("A batched decoding step failed")
+            self._fail_all(f"Decoding failed: {type(error).__name__}: {error}")
+            return
+        for response in responses:
+            live = self._live.get(response.uid)
+            if live is None:
+                continue
+            answer = live.answer
+            for chunk in answer.token(int(response.token)):
+                live.caller.replies.put(chunk)
+            if response.finish_reason is not None:  # the generator ended it (its end, its length)
+                if answer.finish is None:
+                    answer.finish = "length" if response.finish_reason == "length" else "stop"
+                self._end(response.uid, response.prompt_cache, response.all_tokens)
+            elif answer.finish is not None:  # a stop string
+                self._remove(response.uid)
+
+    def _remove(self, uid: int) -> None:
+        """Take `uid` out of the batch; its cache goes back to the prompt cache."""
+        caches = self._generator().remove([uid], return_prompt_caches=True)
+        cache, tokens = caches[uid]
+        self._end(uid, cache, tokens)
+
+    def _end(self, uid: int, cache: list[Any], tokens: list[int]) -> None:
+        live = self._live.pop(uid)
+        self.loaded.prompt_cache.keep(list(tokens), cache)
+        self._send(live.id, live.caller, live.answer.done())
+
+    def _send(self, ident: int, caller: _Caller, chunks: list[Chunk]) -> None:
+        for chunk in chunks:
+            caller.replies.put(chunk)
+        with self._lock:
+            self._callers.pop(ident, None)
+
+    def _end_cancelled(self) -> None:
+        for uid, live in list(self._live.items()):
+            if live.caller.cancel.is_set():
+                live.answer.cancel()
+                self._remove(uid)
+        for admission in list(self._waiting):
+            with self._lock:
+                caller = self._callers.get(admission.id)
+            if caller is not None and caller.cancel.is_set():
+                self._waiting.remove(admission)
+                self._cancel_waiting(admission, caller)
+
+    def _cancel_waiting(self, admission: Admission, caller: _Caller) -> None:
+        """End a request that never joined the batch: nothing was computed for it."""
+        prompt = list(admission.prompt)
+        answer = Answer(
+            self.loaded, admission.request, prompt, 0, admission.max_tokens, admission.started
+        )
+        answer.cancel()
+        self._send(admission.id, caller, answer.done())
+
+    def _withdraw(self, ident: int) -> None:
+        with self._lock:
+            self._callers.pop(ident, None)
+        self._waiting = deque(a for a in self._waiting if a.id != ident)
+        for uid, live in list(self._live.items()):
+            if live.id == ident:
+                live.answer.cancel()
+                self._remove(uid)
+
+    def _fail_all(self, message: str) -> None:
+        """End every live request with `message`; the next request gets a fresh generator."""
+        self._batch = None
+        for live in self._live.values():
+            live.answer.finish = "error"
+            self._send(live.id, live.caller, [ErrorChunk(message=message), *live.answer.done()])
+        self._live.clear()
+
+    def _prefill(self, asked: PrefillAsked) -> None:
+        with self._lock:
+            caller = self._prefill_callers.pop(asked.id, None)
+        if caller is None:
+            return
+        stop = _PrefillStop(caller.cancel, self._inbox)
+        try:
+            tokens = prefill_next_turn(self.loaded, asked.request, stop, asked.draft)
+        except EngineError as error:
+            caller.replies.put(PrefillDone(cause=error.cause, fix=error.fix))
+        except Exception as error:  # a bug: said to the caller, and the thread goes on
+            log.exception("A next-turn prefill failed")
+            caller.replies.put(
+                PrefillDone(cause=f"The prefill failed: {type(error).__name__}: {error}")
+            )
+        else:
+            caller.replies.put(PrefillDone(tokens=tokens))
+
+    def _close(self) -> None:
+        for uid, live in list(self._live.items()):
+            live.answer.cancel()
+            self._remove(uid)
+        while self._waiting:
+            admission = self._waiting.popleft()
+            with self._lock:
+                caller = self._callers.get(admission.id)
+            if caller is not None:
+                self._cancel_waiting(admission, caller)
+        with self._lock:
+            prefills = list(self._prefill_callers.values())
+            self._prefill_callers.clear()
+        for prefill in prefills:
+            prefill.replies.put(PrefillDone())
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = None
