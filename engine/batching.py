@@ -14,6 +14,7 @@ same thread while no request is active, and a request that arrives stops it.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import queue
@@ -24,9 +25,11 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any
 
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
+from engine import mlx_threads
 from engine.answer import Answer
 from engine.errors import EngineError, RequestError
 from engine.generate import (
@@ -35,11 +38,10 @@ from engine.generate import (
     NeverCancelled,
     prefill_next_turn,
     prepared,
-    wait_for_streams,
 )
 from engine.loading import LoadedModel
 from engine.sampling import request_sampler
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Frozen
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Frozen, Stats, Usage
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,30 @@ class PrefillDone(Frozen):
     tokens: int = 0
     cause: str | None = None
     fix: str = ""
+
+
+# Engines not closed yet. An interpreter that exits while a model's thread decodes aborts, so
+# at exit each is closed first (which waits for the step under way).
+_open: set[BatchEngine] = set()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for batch in list(_open):
+        batch.close()
+
+
+def failure_chunks(prompt_tokens: int, message: str) -> list[Chunk]:
+    """How a request that could not run ends: an ErrorChunk, then a DoneChunk saying so."""
+    return [
+        ErrorChunk(message=message),
+        DoneChunk(
+            finish_reason="error",
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=0),
+            stats=Stats(ttft_s=0.0, prefill_tps=0.0, decode_tps=0.0, peak_memory_bytes=0),
+            token_ids=(),
+        ),
+    ]
 
 
 def batchable(loaded: LoadedModel) -> bool:
@@ -143,9 +169,12 @@ class BatchEngine:
         self._waiting: deque[Admission] = deque()
         self._live: dict[int, _Live] = {}  # by the batch's uid
         self._prefills: deque[PrefillAsked] = deque()
+        self._stream: Any = None  # the model's thread's own, made there
         self._batch: Any = None  # BatchGenerator, made when a request first needs it
-        self._thread = threading.Thread(target=self._run, name="batch-engine", daemon=True)
-        self._thread.start()
+        self.most_at_once = 0  # the most requests one step has decoded
+        self._closed = threading.Event()  # set under the lock: nothing is sent after it
+        _open.add(self)
+        mlx_threads.start(self._run)
 
     # The callers' side.
 
@@ -158,15 +187,12 @@ class BatchEngine:
         caller = _Caller(queue.Queue(), cancel or NeverCancelled())
         with self._lock:
             self._callers[ident] = caller
-        self._inbox.put(
-            Admission(
-                id=ident,
-                request=request,
-                prompt=tuple(prompt),
-                max_tokens=max_tokens,
-                started=started,
-            )
+        admission = Admission(
+            id=ident, request=request, prompt=tuple(prompt), max_tokens=max_tokens, started=started
         )
+        if not self._send(admission):
+            yield from failure_chunks(len(prompt), f"{self.loaded.card.name} was unloaded")
+            return
         ended = False
         try:
             while True:
@@ -177,7 +203,7 @@ class BatchEngine:
                     return
         finally:
             if not ended:  # the caller closed the stream: free its slot
-                self._inbox.put(Withdrawal(id=ident))
+                self._send(Withdrawal(id=ident))
 
     def prefill_next(
         self, request: ChatRequest, cancel: CancelToken | None = None, draft: str = ""
@@ -188,30 +214,64 @@ class BatchEngine:
         caller = _PrefillCaller(queue.Queue(), cancel or NeverCancelled())
         with self._lock:
             self._prefill_callers[ident] = caller
-        self._inbox.put(PrefillAsked(id=ident, request=request, draft=draft))
+        if not self._send(PrefillAsked(id=ident, request=request, draft=draft)):
+            return 0
         done = caller.replies.get()
         if done.cause is not None:
             raise RequestError(done.cause, done.fix)
         return done.tokens
 
     def close(self) -> None:
-        """End every request (cancelled) and stop the model's thread."""
-        if self._thread.is_alive():
-            self._inbox.put(Closing())
-            self._thread.join()
+        """End every request (cancelled) and let go of the model's thread (which waits for
+        other work: see engine.mlx_threads); requests after it get an error."""
+        if self._send(Closing()):
+            self._closed.wait()
+        _open.discard(self)
+
+    def _send(self, message: Message) -> bool:
+        """Hand `message` to the model's thread; False once it has let go of the model."""
+        with self._lock:
+            if self._closed.is_set():
+                return False
+            self._inbox.put(message)
+            return True
 
     # The model's thread.
 
     def _run(self) -> None:
+        # MLX's streams belong to the thread that made them: this thread decodes on its own.
+        self._stream = mx.new_stream(mx.default_device())
         try:
             while self._serve():
                 pass
         finally:
-            wait_for_streams()
+            mx.synchronize(self._stream)
+            mx.synchronize()
+            with self._lock:
+                self._closed.set()
+            self._refuse_the_rest()
+
+    def _refuse_the_rest(self) -> None:
+        """Answer what was sent before the thread let go: nothing is sent after."""
+        for message in self._messages(block=False):
+            if isinstance(message, Admission):
+                with self._lock:
+                    caller = self._callers.pop(message.id, None)
+                if caller is not None:
+                    for chunk in failure_chunks(
+                        len(message.prompt), f"{self.loaded.card.name} was unloaded"
+                    ):
+                        caller.replies.put(chunk)
+            elif isinstance(message, PrefillAsked):
+                with self._lock:
+                    prefill = self._prefill_callers.pop(message.id, None)
+                if prefill is not None:
+                    prefill.replies.put(PrefillDone())
 
     def _serve(self) -> bool:
         """One round: read what came, start and end requests, one step. False: closing."""
         idle = not (self._live or self._waiting or self._prefills)
+        closing = False
         for message in self._messages(block=idle):
             match message:
                 case Admission():
@@ -221,8 +281,10 @@ class BatchEngine:
                 case PrefillAsked():
                     self._prefills.append(message)
                 case Closing():
-                    self._close()
-                    return False
+                    closing = True
+        if closing:
+            self._close()
+            return False
         self._end_cancelled()
         self._admit()
         if self._live:
@@ -248,6 +310,7 @@ class BatchEngine:
                 completion_batch_size=self.max_batch,
                 prefill_batch_size=self.max_batch,
                 prefill_step_size=PREFILL_STEP,
+                stream=self._stream,
             )
         return self._batch
 
@@ -286,6 +349,7 @@ class BatchEngine:
             log.exception("A batched decoding step failed")
             self._fail_all(f"Decoding failed: {type(error).__name__}: {error}")
             return
+        self.most_at_once = max(self.most_at_once, len(responses))
         for response in responses:
             live = self._live.get(response.uid)
             if live is None:
@@ -308,10 +372,13 @@ class BatchEngine:
 
     def _end(self, uid: int, cache: list[Any], tokens: list[int]) -> None:
         live = self._live.pop(uid)
+        # Computed here: a lazy array built on this thread's stream cannot be computed on
+        # another thread (the next engine's, or the one-at-a-time path's).
+        mx.eval([layer.state for layer in cache])
         self.loaded.prompt_cache.keep(list(tokens), cache)
-        self._send(live.id, live.caller, live.answer.done())
+        self._reply(live.id, live.caller, live.answer.done())
 
-    def _send(self, ident: int, caller: _Caller, chunks: list[Chunk]) -> None:
+    def _reply(self, ident: int, caller: _Caller, chunks: list[Chunk]) -> None:
         for chunk in chunks:
             caller.replies.put(chunk)
         with self._lock:
@@ -336,7 +403,7 @@ class BatchEngine:
             self.loaded, admission.request, prompt, 0, admission.max_tokens, admission.started
         )
         answer.cancel()
-        self._send(admission.id, caller, answer.done())
+        self._reply(admission.id, caller, answer.done())
 
     def _withdraw(self, ident: int) -> None:
         with self._lock:
@@ -352,7 +419,7 @@ class BatchEngine:
         self._batch = None
         for live in self._live.values():
             live.answer.finish = "error"
-            self._send(live.id, live.caller, [ErrorChunk(message=message), *live.answer.done()])
+            self._reply(live.id, live.caller, [ErrorChunk(message=message), *live.answer.done()])
         self._live.clear()
 
     def _prefill(self, asked: PrefillAsked) -> None:
