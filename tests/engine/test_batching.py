@@ -282,3 +282,19 @@ def test_the_demo_calls_the_calculator_in_a_batch() -> None:
     assert done_of(got[1]).token_ids == done_of(expected).token_ids
     theirs = [c for c in expected if isinstance(c, ToolCallChunk)]
     assert calls[0].arguments == theirs[0].arguments
+
+
+def test_a_cached_chat_decoded_beside_new_ones_gives_its_tokens_alone(
+    loaded: LoadedModel, batch: BatchEngine
+) -> None:
+    """Histories of different lengths in one batch: its caches are padded to line up."""
+    first = chat(QUESTIONS[0], max_tokens=16)
+    answer = text_of(all_chunks(batch, [first])[0])
+    second = chat("and then?", *first.messages, Message(role="assistant", content=answer))
+    fresh = [chat(q, max_tokens=30) for q in QUESTIONS[1:3]]
+    expected = [alone(loaded, r) for r in (second, *fresh)]
+    all_chunks(batch, [first])  # the first turn's cache is back in the store
+    got = all_chunks(batch, [second, *fresh])
+    assert done_of(got[0]).usage.cached_tokens > 0
+    for mine, theirs in zip(got, expected, strict=True):
+        assert done_of(mine).token_ids == done_of(theirs).token_ids
