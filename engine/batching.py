@@ -30,7 +30,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine import mlx_threads
-from engine.answer import Answer
+from engine.answer import Answer, is_harmony
 from engine.errors import EngineError, RequestError
 from engine.generate import (
     PREFILL_STEP,
@@ -113,7 +113,14 @@ def failure_chunks(prompt_tokens: int, message: str) -> list[Chunk]:
 
 
 def batchable(loaded: LoadedModel) -> bool:
-    """Whether every layer's cache of this model can join a batch (mlx-lm merges them)."""
+    """Whether this model's requests can decode together: every layer's cache must merge into
+    a batch (mlx-lm's caches that do have `merge`).
+
+    gpt-oss (harmony) stays one request at a time: its sliding-window layers' batched caches
+    (mlx-lm's BatchRotatingKVCache) and their trimming for the prompt cache are untested here,
+    for want of a gpt-oss model small enough for the tests."""
+    if is_harmony(loaded):
+        return False
     return all(hasattr(cache, "merge") for cache in make_prompt_cache(loaded.model))
 
 

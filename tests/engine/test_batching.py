@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.batching import BatchEngine
+from engine.batching import BatchEngine, batchable
 from engine.errors import RequestError
 from engine.generate import generate
 from engine.loading import LoadedModel, load_model_sync
@@ -296,5 +296,19 @@ def test_a_cached_chat_decoded_beside_new_ones_gives_its_tokens_alone(
     all_chunks(batch, [first])  # the first turn's cache is back in the store
     got = all_chunks(batch, [second, *fresh])
     assert done_of(got[0]).usage.cached_tokens > 0
+    for mine, theirs in zip(got, expected, strict=True):
+        assert done_of(mine).token_ids == done_of(theirs).token_ids
+
+
+def test_every_architecture_batches_to_the_tokens_it_gives_alone(tiny_model: Path) -> None:
+    model = load_model_sync(tiny_model)
+    assert batchable(model)
+    requests = [chat(q, max_tokens=12 + 6 * i) for i, q in enumerate(QUESTIONS[:3])]
+    expected = [alone(model, r) for r in requests]
+    engine = BatchEngine(model, max_batch=4)
+    try:
+        got = all_chunks(engine, requests)
+    finally:
+        engine.close()
     for mine, theirs in zip(got, expected, strict=True):
         assert done_of(mine).token_ids == done_of(theirs).token_ids
