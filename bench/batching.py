@@ -7,7 +7,8 @@ shallower one, quicker to build), prints
 - one stream through `engine.generate` alone (the one-request-at-a-time path),
 - N streams through `engine.batching.BatchEngine`, started together, each with its own prompt:
   aggregate tok/s (every stream's tokens over the wall time, prefill included), the ratio to one
-  batched stream, and each stream's time to first token, p50 and p95,
+  batched stream, each stream's time to first token, p50 and p95, and the decode alone (the
+  tokens after each stream's first over the time after the last stream's first token),
 - one batched stream against `engine.generate` alone,
 - the 4-bit GEMV kernel on the model's widest weight for 1 and 8 rows of x: a batch of 8 reads
   each weight once a step when 8 rows cost far less than 8 times one.
@@ -69,8 +70,9 @@ def one_alone(loaded: Any, tokens: int) -> tuple[float, float, int]:
     return count / wall, done.stats.ttft_s, count
 
 
-def streams_together(batch: Any, count: int, tokens: int) -> tuple[float, list[float], int]:
-    """`count` streams started at once: (aggregate tok/s, each stream's TTFT, tokens)."""
+def streams_together(batch: Any, count: int, tokens: int) -> tuple[float, list[float], int, float]:
+    """`count` streams started at once: (aggregate tok/s, each stream's TTFT, tokens, decode
+    tok/s: the tokens after each stream's first over the time after the last first token)."""
     batch.loaded.prompt_cache.clear()
     ready = threading.Barrier(count + 1)
     ttfts: list[float] = [0.0] * count
@@ -91,7 +93,8 @@ def streams_together(batch: Any, count: int, tokens: int) -> tuple[float, list[f
     for thread in threads:
         thread.join()
     wall = time.perf_counter() - started
-    return sum(made) / wall, ttfts, sum(made)
+    decoding = wall - max(ttfts)
+    return sum(made) / wall, ttfts, sum(made), (sum(made) - count) / max(decoding, 1e-9)
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -167,19 +170,22 @@ def bench_model(name: str, folder: Path, tokens: int, rounds: int) -> None:
     print(f"engine.generate alone: {alone[0]:.1f} tok/s, TTFT {alone[1] * 1000:.0f} ms", flush=True)
     batch = BatchEngine(loaded, max_batch=max(STREAMS))
     streams_together(batch, 2, 4)  # warm up
-    rows: list[tuple[int, float, list[float], int]] = []
+    rows: list[tuple[int, float, list[float], int, float]] = []
     for count in STREAMS:
         runs = [streams_together(batch, count, tokens) for _ in range(rounds)]
         best = max(runs, key=lambda run: run[0])
-        rows.append((count, best[0], best[1], best[2]))
+        rows.append((count, *best))
     batch.close()
-    single = rows[0][1]
-    print(f"{'streams':>7} {'tok/s':>8} {'x one':>6} {'TTFT p50':>9} {'TTFT p95':>9} {'tokens':>6}")
-    for count, rate, ttfts, made in rows:
+    single, single_decode = rows[0][1], rows[0][4]
+    print(
+        f"{'streams':>7} {'tok/s':>8} {'x one':>6} {'TTFT p50':>9} {'TTFT p95':>9} {'tokens':>6}"
+        f" {'decode tok/s':>12} {'x one':>6}"
+    )
+    for count, rate, ttfts, made, decode in rows:
         print(
             f"{count:>7} {rate:>8.1f} {rate / single:>6.2f} "
             f"{statistics.median(ttfts) * 1000:>7.0f}ms {percentile(ttfts, 0.95) * 1000:>7.0f}ms "
-            f"{made:>6}"
+            f"{made:>6} {decode:>12.1f} {decode / single_decode:>6.2f}"
         )
     print(f"one batched stream / engine.generate alone: {single / alone[0]:.2f}x", flush=True)
     timing = gemv_rows(loaded)
