@@ -21,9 +21,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
@@ -31,11 +31,14 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engine import mlx_threads
 from engine.answer import Answer, is_harmony
-from engine.errors import EngineError, RequestError
+from engine.errors import EngineError, ModelFormatError, RequestError
 from engine.generate import (
+    ONE_PASS_TOKENS_PER_LAYER,
     PREFILL_STEP,
     CancelToken,
     NeverCancelled,
+    first_token,
+    not_numbers,
     prefill_next_turn,
     prepared,
 )
@@ -78,6 +81,14 @@ class Closing(Frozen):
 
 
 Message = Admission | Withdrawal | PrefillAsked | Closing
+
+
+class Refused(Frozen):
+    """The model's thread to a caller: its request cannot be served (raised in its thread, as
+    `engine.generate` raises it, before any chunk)."""
+
+    cause: str
+    fix: str
 
 
 class PrefillDone(Frozen):
@@ -129,7 +140,7 @@ class _Caller:
     """Where a request's chunks go, and its cancel (both held outside the messages: a queue and
     an event are not data)."""
 
-    replies: queue.Queue[Chunk]
+    replies: queue.Queue[Chunk | Refused]
     cancel: CancelToken
 
 
@@ -204,6 +215,9 @@ class BatchEngine:
         try:
             while True:
                 chunk = caller.replies.get()
+                if isinstance(chunk, Refused):
+                    ended = True
+                    raise ModelFormatError(chunk.cause, chunk.fix)
                 ended = isinstance(chunk, DoneChunk)
                 yield chunk
                 if ended:
@@ -249,7 +263,7 @@ class BatchEngine:
         # MLX's streams belong to the thread that made them: this thread decodes on its own.
         self._stream = mx.new_stream(mx.default_device())
         try:
-            while self._serve():
+            while self._serving():
                 pass
         finally:
             mx.synchronize(self._stream)
@@ -257,6 +271,16 @@ class BatchEngine:
             with self._lock:
                 self._closed.set()
             self._refuse_the_rest()
+
+    def _serving(self) -> bool:
+        """`_serve`, and a fault in it (a bug, MLX failing) ends the requests it touched with
+        an error instead of the thread: the requests after them are answered."""
+        try:
+            return self._serve()
+        except Exception as error:
+            log.exception("The model's thread failed")
+            self._fail_all(f"Decoding failed: {type(error).__name__}: {error}")
+            return True
 
     def _refuse_the_rest(self) -> None:
         """Answer what was sent before the thread let go: nothing is sent after."""
@@ -328,40 +352,89 @@ class BatchEngine:
                 caller = self._callers.get(admission.id)
             if caller is None:
                 continue
-            prompt = list(admission.prompt)
-            request = admission.request
             if caller.cancel.is_set():
                 self._cancel_waiting(admission, caller)
                 continue
-            cache, rest = self.loaded.prompt_cache.take(self.loaded.model, prompt)
-            cached = len(prompt) - len(rest)
+            self._start(admission, caller)
+
+    def _start(self, admission: Admission, caller: _Caller) -> None:
+        try:
+            self._join(admission, caller)
+        except Exception as error:  # a fault of this request's first pass: it alone ends
+            log.exception("A request could not start")
+            message = f"Decoding failed: {type(error).__name__}: {error}"
             answer = Answer(
-                self.loaded, request, prompt, cached, admission.max_tokens, admission.started
+                self.loaded,
+                admission.request,
+                list(admission.prompt),
+                0,
+                admission.max_tokens,
+                admission.started,
             )
-            answer.prefilling()
+            answer.finish = "error"
+            self._reply(admission.id, caller, [ErrorChunk(message=message), *answer.done()])
+
+    def _join(self, admission: Admission, caller: _Caller) -> None:
+        """Take the request's cache and put it into the batch.
+
+        A short rest of the prompt goes through the model here, in the one pass that also gives
+        the first token, as `engine.generate` does: the batch would prefill it, then step its
+        last token, a second pass over every weight before the first token. A longer rest is
+        prefilled by the batch, a step's share at a time, so the others go on decoding."""
+        prompt = list(admission.prompt)
+        request = admission.request
+        model = self.loaded.model
+        cache, rest = self.loaded.prompt_cache.take(model, prompt)
+        cached = len(prompt) - len(rest)
+        answer = Answer(
+            self.loaded, request, prompt, cached, admission.max_tokens, admission.started
+        )
+        answer.prefilling()
+        sampler = request_sampler(request)
+        one_pass_tokens = ONE_PASS_TOKENS_PER_LAYER * self.loaded.card.num_layers
+        if len(rest) > one_pass_tokens:
             (uid,) = self._generator().insert(
                 [rest],
                 max_tokens=[admission.max_tokens],
                 caches=[cache],
                 all_tokens=[prompt[:cached]],
-                samplers=[request_sampler(request)],
+                samplers=[sampler],
             )
             self._live[uid] = _Live(admission.id, answer, caller)
+            return
+        name = self.loaded.card.name
+        try:
+            first = first_token(model, rest, cache, sampler, one_pass_tokens, name, self._stream)
+        except ModelFormatError as error:  # the weights are not numbers: raised in its caller
+            self._reply(admission.id, caller, [Refused(cause=error.cause, fix=error.fix)])
+            return
+        token = cast(int, first.item())
+        for chunk in answer.token(token):
+            caller.replies.put(chunk)
+        if answer.finish is not None:  # its end, a length of one or a stop string
+            self.loaded.prompt_cache.keep(prompt, cache)  # the first token was never fed
+            self._reply(admission.id, caller, answer.done())
+            return
+        (uid,) = self._generator().insert(
+            [[token]],
+            max_tokens=[admission.max_tokens - 1],
+            caches=[cache],
+            all_tokens=[list(prompt)],  # the batch appends to it
+            samplers=[sampler],
+        )
+        self._live[uid] = _Live(admission.id, answer, caller)
 
     def _step(self) -> None:
         batch = self._generator()
-        try:
-            _, responses = batch.next()
-        except Exception as error:  # a fault of the model's step: every request in it ends
-            log.exception("A batched decoding step failed")
-            self._fail_all(f"Decoding failed: {type(error).__name__}: {error}")
-            return
+        _, responses = batch.next()
         self.most_at_once = max(self.most_at_once, len(responses))
         for response in responses:
             live = self._live.get(response.uid)
             if live is None:
                 continue
             answer = live.answer
+            if not answer.token_ids and not self._finite(response):
+                continue
             for chunk in answer.token(int(response.token)):
                 live.caller.replies.put(chunk)
             if response.finish_reason is not None:  # the generator ended it (its end, its length)
@@ -370,6 +443,18 @@ class BatchEngine:
                 self._end(response.uid, response.prompt_cache, response.all_tokens)
             elif answer.finish is not None:  # a stop string
                 self._remove(response.uid)
+
+    def _finite(self, response: Any) -> bool:
+        """Whether a request's first logits (of a prompt the batch prefilled) are numbers; if
+        not, its caller is told why, as `first_token` does, and its cache is dropped."""
+        if bool(mx.all(mx.isfinite(response.logprobs)).item()):
+            return True
+        live = self._live.pop(response.uid)
+        if response.finish_reason is None:
+            self._generator().remove([response.uid])
+        error = not_numbers(self.loaded.card.name)
+        self._reply(live.id, live.caller, [Refused(cause=error.cause, fix=error.fix)])
+        return False
 
     def _remove(self, uid: int) -> None:
         """Take `uid` out of the batch; its cache goes back to the prompt cache."""
@@ -385,7 +470,7 @@ class BatchEngine:
         self.loaded.prompt_cache.keep(list(tokens), cache)
         self._reply(live.id, live.caller, live.answer.done())
 
-    def _reply(self, ident: int, caller: _Caller, chunks: list[Chunk]) -> None:
+    def _reply(self, ident: int, caller: _Caller, chunks: Sequence[Chunk | Refused]) -> None:
         for chunk in chunks:
             caller.replies.put(chunk)
         with self._lock:
@@ -422,7 +507,8 @@ class BatchEngine:
                 self._remove(uid)
 
     def _fail_all(self, message: str) -> None:
-        """End every live request with `message`; the next request gets a fresh generator."""
+        """End every live request with `message`; the next request gets a fresh generator
+        (its caches may be half-updated, and are not kept)."""
         self._batch = None
         for live in self._live.values():
             live.answer.finish = "error"

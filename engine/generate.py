@@ -173,6 +173,44 @@ class _LastPosition:
         return getattr(self._body, name)
 
 
+def first_token(
+    model: Any,
+    rest: list[int],
+    cache: list[Any],
+    sampler: Sampler,
+    one_pass_tokens: int,
+    name: str = "The model",
+    stream: Any = None,
+) -> mx.array:
+    """The token after `rest` (computed), with `rest` put into `cache`: the rest in one pass
+    that gives the token (a rest longer than `one_pass_tokens`: all but its last token into the
+    cache first). On `stream`, mlx-lm's generation stream unless given.
+
+    Raises ModelFormatError when the logits are not numbers."""
+    last_pass = min(len(rest), PREFILL_STEP) if len(rest) <= one_pass_tokens else 1
+    head, tail = rest[: len(rest) - last_pass], rest[len(rest) - last_pass :]
+    with mx.stream(stream or generation_stream):
+        for start in range(0, len(head), PREFILL_STEP):
+            feed(model, head[start : start + PREFILL_STEP], cache)
+        logits = last_position_logits(model, mx.array(tail)[None], cache)
+        first = sampler(logits - mx.logsumexp(logits, keepdims=True))
+        finite = mx.all(mx.isfinite(logits))
+        mx.eval(first, finite)
+    if not finite.item():
+        raise not_numbers(name)
+    return first
+
+
+def not_numbers(name: str) -> ModelFormatError:
+    """What logits that are not numbers say: weights that are not numbers give NaN logits,
+    which sample as token 0 forever."""
+    return ModelFormatError(
+        f"{name} computes NaN or infinite logits for this prompt: its weights hold values "
+        "that are not numbers (corrupt or garbage bytes in its safetensors files)",
+        "Download or convert the model again",
+    )
+
+
 def sampled_tokens(
     model: Any,
     rest: list[int],
@@ -182,29 +220,12 @@ def sampled_tokens(
     one_pass_tokens: int,
     name: str = "The model",
 ) -> Iterator[int]:
-    """The tokens that continue `rest` after `cache`: the rest in one pass that gives the first
-    token (a rest longer than `one_pass_tokens`: all but its last token into the cache first),
-    then mlx-lm's `generate_step` (which overlaps building each step with computing the one
-    before).
+    """The tokens that continue `rest` after `cache`: the first from `first_token`, then
+    mlx-lm's `generate_step` (which overlaps building each step with computing the one before).
 
     Each token is fed to the model (into `cache`) before it comes out, except the first: it is
     fed with the step that computes the second."""
-    last_pass = min(len(rest), PREFILL_STEP) if len(rest) <= one_pass_tokens else 1
-    head, tail = rest[: len(rest) - last_pass], rest[len(rest) - last_pass :]
-    with mx.stream(generation_stream):
-        for start in range(0, len(head), PREFILL_STEP):
-            feed(model, head[start : start + PREFILL_STEP], cache)
-        logits = last_position_logits(model, mx.array(tail)[None], cache)
-        first = sampler(logits - mx.logsumexp(logits, keepdims=True))
-        finite = mx.all(mx.isfinite(logits))
-        mx.eval(first, finite)
-    if not finite.item():
-        # Weights that are not numbers give NaN logits, which sample as token 0 forever.
-        raise ModelFormatError(
-            f"{name} computes NaN or infinite logits for this prompt: its weights hold values "
-            "that are not numbers (corrupt or garbage bytes in its safetensors files)",
-            "Download or convert the model again",
-        )
+    first = first_token(model, rest, cache, sampler, one_pass_tokens, name)
     yield cast(int, first.item())
     if max_tokens == 1:
         return

@@ -10,10 +10,11 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 from engine.batching import BatchEngine, batchable
-from engine.errors import RequestError
+from engine.errors import ModelFormatError, RequestError
 from engine.generate import generate
 from engine.loading import LoadedModel, load_model_sync
 from engine.models.locations import bundled_demo_dir
@@ -312,3 +313,19 @@ def test_every_architecture_batches_to_the_tokens_it_gives_alone(tiny_model: Pat
         engine.close()
     for mine, theirs in zip(got, expected, strict=True):
         assert done_of(mine).token_ids == done_of(theirs).token_ids
+
+
+def test_weights_that_are_not_numbers_are_said_to_the_caller(tiny_llama: Path) -> None:
+    broken = load_model_sync(tiny_llama)
+    norm = broken.model.model.norm  # type: ignore[union-attr]
+    norm.weight = mx.full(norm.weight.shape, float("nan"))
+    mx.eval(norm.weight)  # computed here: the model's thread cannot compute this thread's arrays
+    engine = BatchEngine(broken, max_batch=2)
+    try:
+        # A short prompt goes through the model with its first token, a long one through the
+        # batch's own prefill: both are checked.
+        for text in (QUESTIONS[0], "word " * 300):
+            with pytest.raises(ModelFormatError, match="NaN or infinite logits"):
+                list(engine.generate(chat(text)))
+    finally:
+        engine.close()
