@@ -31,6 +31,16 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engine import mlx_threads
 from engine.answer import Answer, is_harmony
+from engine.batch_messages import (
+    Admission,
+    Closing,
+    Message,
+    PrefillAsked,
+    PrefillDone,
+    Refused,
+    Withdrawal,
+    failure_chunks,
+)
 from engine.errors import EngineError, ModelFormatError, RequestError
 from engine.generate import (
     ONE_PASS_TOKENS_PER_LAYER,
@@ -44,59 +54,11 @@ from engine.generate import (
 )
 from engine.loading import LoadedModel
 from engine.sampling import request_sampler
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Frozen, Stats, Usage
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 8  # requests decoded together; more wait for a slot
-
-
-# What callers send the model's thread.
-class Admission(Frozen):
-    """A request, checked and rendered in its caller's thread, waits for a slot."""
-
-    id: int
-    request: ChatRequest
-    prompt: tuple[int, ...]
-    max_tokens: int
-    started: float  # time.perf_counter() when its caller asked (for the TTFT)
-
-
-class Withdrawal(Frozen):
-    """The caller stopped reading: its request leaves the batch."""
-
-    id: int
-
-
-class PrefillAsked(Frozen):
-    """Prefill the next turn of `request` (with the typed `draft`) when the model is idle."""
-
-    id: int
-    request: ChatRequest
-    draft: str
-
-
-class Closing(Frozen):
-    """The model is being let go of: end every request and stop the thread."""
-
-
-Message = Admission | Withdrawal | PrefillAsked | Closing
-
-
-class Refused(Frozen):
-    """The model's thread to a caller: its request cannot be served (raised in its thread, as
-    `engine.generate` raises it, before any chunk)."""
-
-    cause: str
-    fix: str
-
-
-class PrefillDone(Frozen):
-    """The model's thread to a prefill's caller: how many tokens it prefilled, or why not."""
-
-    tokens: int = 0
-    cause: str | None = None
-    fix: str = ""
 
 
 # Engines not closed yet. An interpreter that exits while a model's thread decodes aborts, so
@@ -108,19 +70,6 @@ _open: set[BatchEngine] = set()
 def _close_open_engines() -> None:
     for batch in list(_open):
         batch.close()
-
-
-def failure_chunks(prompt_tokens: int, message: str) -> list[Chunk]:
-    """How a request that could not run ends: an ErrorChunk, then a DoneChunk saying so."""
-    return [
-        ErrorChunk(message=message),
-        DoneChunk(
-            finish_reason="error",
-            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=0),
-            stats=Stats(ttft_s=0.0, prefill_tps=0.0, decode_tps=0.0, peak_memory_bytes=0),
-            token_ids=(),
-        ),
-    ]
 
 
 def batchable(loaded: LoadedModel) -> bool:
