@@ -299,12 +299,8 @@ class BatchEngine:
             admission = self._waiting.popleft()
             with self._lock:
                 caller = self._callers.get(admission.id)
-            if caller is None:
-                continue
-            if caller.cancel.is_set():
-                self._cancel_waiting(admission, caller)
-                continue
-            self._start(admission, caller)
+            if caller is not None:  # (its cancel was looked at this round)
+                self._start(admission, caller)
 
     def _start(self, admission: Admission, caller: _Caller) -> None:
         try:
@@ -413,10 +409,11 @@ class BatchEngine:
 
     def _end(self, uid: int, cache: list[Any], tokens: list[int]) -> None:
         live = self._live.pop(uid)
-        # Computed here: a lazy array built on this thread's stream cannot be computed on
-        # another thread (the next engine's, or the one-at-a-time path's).
-        mx.eval([layer.state for layer in cache])
-        self.loaded.prompt_cache.keep(list(tokens), cache)
+        if tokens:  # (none: it left before any of its prompt went through the model)
+            # Computed here: a lazy array built on this thread's stream cannot be computed on
+            # another thread (the next engine's, or the one-at-a-time path's).
+            mx.eval([layer.state for layer in cache])
+            self.loaded.prompt_cache.keep(list(tokens), cache)
         self._reply(live.id, live.caller, live.answer.done())
 
     def _reply(self, ident: int, caller: _Caller, chunks: Sequence[Chunk | Refused]) -> None:

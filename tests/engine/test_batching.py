@@ -329,3 +329,26 @@ def test_weights_that_are_not_numbers_are_said_to_the_caller(tiny_llama: Path) -
                 list(engine.generate(chat(text)))
     finally:
         engine.close()
+
+
+class SetAfter:
+    """A cancel set after its first `checks` looks: the engine looks once a round (a step)."""
+
+    def __init__(self, checks: int) -> None:
+        self._left = checks
+
+    def is_set(self) -> bool:
+        self._left -= 1
+        return self._left < 0
+
+
+def test_a_long_prompt_cancelled_while_it_prefills_keeps_what_went_through(
+    loaded: LoadedModel, batch: BatchEngine
+) -> None:
+    long = chat("word " * 300, max_tokens=8)  # past the one pass: the batch prefills it
+    done = done_of(list(batch.generate(long, SetAfter(1))))
+    assert done.finish_reason == "cancelled" and done.token_ids == ()
+    again = done_of(list(batch.generate(long)))
+    assert again.finish_reason == "length"
+    # What the cancelled one prefilled came back to the store: only its last token is new.
+    assert again.usage.cached_tokens == again.usage.prompt_tokens - 1
