@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -14,23 +14,14 @@ import jinja2
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.generate import generate_step, generation_stream, wired_limit
-from mlx_lm.sample_utils import make_sampler
 
+from engine.answer import Answer, is_harmony
 from engine.errors import ModelFormatError, RequestError
-from engine.harmony import HarmonyStreamParser, render_gpt_oss_prompt
+from engine.harmony import render_gpt_oss_prompt
 from engine.loading import LoadedModel
-from engine.parsers import OutputParser, ParsedChunk, tool_schema
-from engine.types import (
-    ChatRequest,
-    Chunk,
-    DoneChunk,
-    ErrorChunk,
-    FinishReason,
-    Message,
-    Stats,
-    ToolCallChunk,
-    Usage,
-)
+from engine.parsers import tool_schema
+from engine.sampling import Sampler, request_sampler
+from engine.types import ChatRequest, Chunk, Message
 
 
 class CancelToken(Protocol):
@@ -42,24 +33,6 @@ class CancelToken(Protocol):
 class NeverCancelled:
     def is_set(self) -> bool:
         return False
-
-
-class StreamParser(Protocol):
-    def feed(self, token: int, text: str) -> Sequence[ParsedChunk]: ...
-    def finish(self) -> Sequence[ParsedChunk]: ...
-
-
-class _TextStreamParser:
-    """Adapts the text-level `OutputParser` to the token stream."""
-
-    def __init__(self, parser: OutputParser) -> None:
-        self._parser = parser
-
-    def feed(self, token: int, text: str) -> Sequence[ParsedChunk]:
-        return self._parser.feed(text) if text else ()
-
-    def finish(self) -> Sequence[ParsedChunk]:
-        return self._parser.finish()
 
 
 def message_dict(message: Message) -> dict[str, Any]:
@@ -120,23 +93,6 @@ def validate(request: ChatRequest) -> None:
         )
 
 
-class _HarmonyTokenParser:
-    """gpt-oss speaks harmony: openai-harmony parses its tokens, not the decoded text."""
-
-    def __init__(self) -> None:
-        self._parser = HarmonyStreamParser()
-
-    def feed(self, token: int, text: str) -> Sequence[ParsedChunk]:
-        return self._parser.feed(token)
-
-    def finish(self) -> Sequence[ParsedChunk]:
-        return self._parser.finish()
-
-
-def is_harmony(loaded: LoadedModel) -> bool:
-    return loaded.card.model_type == "gpt_oss"
-
-
 def render_prompt(loaded: LoadedModel, request: ChatRequest) -> list[int]:
     """The prompt token ids: the model's own chat template with the tools, ending in its turn."""
     if is_harmony(loaded):
@@ -167,27 +123,6 @@ def render_prompt(loaded: LoadedModel, request: ChatRequest) -> list[int]:
     return [int(t) for t in ids]
 
 
-def _parser_for(loaded: LoadedModel, request: ChatRequest, prompt: list[int]) -> StreamParser:
-    if is_harmony(loaded):
-        return _HarmonyTokenParser()
-    tokenizer: Any = loaded.tokenizer  # mlx-lm's wrapper is untyped
-    think_start_tokens: tuple[int, ...] | None = tokenizer.think_start_tokens
-    starts_thinking = bool(
-        think_start_tokens and tuple(prompt[-len(think_start_tokens) :]) == think_start_tokens
-    )
-    return _TextStreamParser(
-        OutputParser(
-            think_start=tokenizer.think_start,
-            think_end=tokenizer.think_end,
-            tool_call_start=tokenizer.tool_call_start,
-            tool_call_end=tokenizer.tool_call_end,
-            tool_parser=tokenizer.tool_parser,
-            tools=request.tools,
-            start_in_reasoning=starts_thinking,
-        )
-    )
-
-
 # The rest of the prompt goes through the model in one pass that also gives the first token, up
 # to this many tokens per layer of the model. mlx-lm prefills all but the last token, then steps
 # that one: a second pass over every weight, and it builds the second token's step before it
@@ -197,7 +132,6 @@ def _parser_for(loaded: LoadedModel, request: ChatRequest, prompt: list[int]) ->
 # extra work outweighs the saved pass.
 ONE_PASS_TOKENS_PER_LAYER = 32
 PREFILL_STEP = 2048  # tokens a step when a prefill is longer (mlx-lm's prefill step)
-Sampler = Callable[[mx.array], mx.array]
 
 
 def feed(model: Any, tokens: list[int], cache: list[Any]) -> None:
@@ -239,6 +173,44 @@ class _LastPosition:
         return getattr(self._body, name)
 
 
+def first_token(
+    model: Any,
+    rest: list[int],
+    cache: list[Any],
+    sampler: Sampler,
+    one_pass_tokens: int,
+    name: str = "The model",
+    stream: Any = None,
+) -> mx.array:
+    """The token after `rest` (computed), with `rest` put into `cache`: the rest in one pass
+    that gives the token (a rest longer than `one_pass_tokens`: all but its last token into the
+    cache first). On `stream`, mlx-lm's generation stream unless given.
+
+    Raises ModelFormatError when the logits are not numbers."""
+    last_pass = min(len(rest), PREFILL_STEP) if len(rest) <= one_pass_tokens else 1
+    head, tail = rest[: len(rest) - last_pass], rest[len(rest) - last_pass :]
+    with mx.stream(stream or generation_stream):
+        for start in range(0, len(head), PREFILL_STEP):
+            feed(model, head[start : start + PREFILL_STEP], cache)
+        logits = last_position_logits(model, mx.array(tail)[None], cache)
+        first = sampler(logits - mx.logsumexp(logits, keepdims=True))
+        finite = mx.all(mx.isfinite(logits))
+        mx.eval(first, finite)
+    if not finite.item():
+        raise not_numbers(name)
+    return first
+
+
+def not_numbers(name: str) -> ModelFormatError:
+    """What logits that are not numbers say: weights that are not numbers give NaN logits,
+    which sample as token 0 forever."""
+    return ModelFormatError(
+        f"{name} computes NaN or infinite logits for this prompt: its weights hold values "
+        "that are not numbers (corrupt or garbage bytes in its safetensors files)",
+        "Download or convert the model again",
+    )
+
+
 def sampled_tokens(
     model: Any,
     rest: list[int],
@@ -248,29 +220,12 @@ def sampled_tokens(
     one_pass_tokens: int,
     name: str = "The model",
 ) -> Iterator[int]:
-    """The tokens that continue `rest` after `cache`: the rest in one pass that gives the first
-    token (a rest longer than `one_pass_tokens`: all but its last token into the cache first),
-    then mlx-lm's `generate_step` (which overlaps building each step with computing the one
-    before).
+    """The tokens that continue `rest` after `cache`: the first from `first_token`, then
+    mlx-lm's `generate_step` (which overlaps building each step with computing the one before).
 
     Each token is fed to the model (into `cache`) before it comes out, except the first: it is
     fed with the step that computes the second."""
-    last_pass = min(len(rest), PREFILL_STEP) if len(rest) <= one_pass_tokens else 1
-    head, tail = rest[: len(rest) - last_pass], rest[len(rest) - last_pass :]
-    with mx.stream(generation_stream):
-        for start in range(0, len(head), PREFILL_STEP):
-            feed(model, head[start : start + PREFILL_STEP], cache)
-        logits = last_position_logits(model, mx.array(tail)[None], cache)
-        first = sampler(logits - mx.logsumexp(logits, keepdims=True))
-        finite = mx.all(mx.isfinite(logits))
-        mx.eval(first, finite)
-    if not finite.item():
-        # Weights that are not numbers give NaN logits, which sample as token 0 forever.
-        raise ModelFormatError(
-            f"{name} computes NaN or infinite logits for this prompt: its weights hold values "
-            "that are not numbers (corrupt or garbage bytes in its safetensors files)",
-            "Download or convert the model again",
-        )
+    first = first_token(model, rest, cache, sampler, one_pass_tokens, name)
     yield cast(int, first.item())
     if max_tokens == 1:
         return
@@ -280,15 +235,11 @@ def sampled_tokens(
         yield int(token)
 
 
-def generate(
-    loaded: LoadedModel, request: ChatRequest, cancel: CancelToken | None = None
-) -> Generator[Chunk]:
-    """Stream the answer to `request`; the last chunk is always a DoneChunk.
+def prepared(loaded: LoadedModel, request: ChatRequest) -> tuple[list[int], int]:
+    """The prompt's token ids and the most tokens the answer may take.
 
-    Raises RequestError before anything is generated when the request cannot be served.
-    """
-    started = time.perf_counter()
-    cancel = cancel or NeverCancelled()
+    Raises RequestError when the request cannot be served (see `validate`, and a prompt the
+    model's context cannot hold)."""
     validate(request)
     prompt = render_prompt(loaded, request)
     context = loaded.context_length
@@ -300,31 +251,28 @@ def generate(
     max_tokens = (
         request.max_tokens if context is None else min(request.max_tokens, context - len(prompt))
     )
-    parser = _parser_for(loaded, request, prompt)
-    cache, rest = loaded.prompt_cache.take(loaded.model, prompt)
-    cached = len(prompt) - len(rest)
-    if request.seed is not None:
-        mx.random.seed(request.seed)
-    sampler = make_sampler(
-        temp=request.temperature, top_p=request.top_p if request.top_p < 1 else 0.0
-    )
-    mx.reset_peak_memory()
+    return prompt, max_tokens
 
-    token_ids: list[int] = []
-    ttft = 0.0
-    prefill_tps = 0.0
-    decode_tps = 0.0
-    finish: FinishReason = "stop"
-    tool_calls = 0
-    tokenizer: Any = loaded.tokenizer  # mlx-lm's wrapper is untyped
-    eos: set[int] = set(tokenizer.eos_token_ids)
-    detokenizer: Any = tokenizer.detokenizer
-    detokenizer.reset()
-    decode_started = 0.0
+
+def generate(
+    loaded: LoadedModel, request: ChatRequest, cancel: CancelToken | None = None
+) -> Generator[Chunk]:
+    """Stream the answer to `request`; the last chunk is always a DoneChunk.
+
+    Raises RequestError before anything is generated when the request cannot be served.
+    """
+    started = time.perf_counter()
+    cancel = cancel or NeverCancelled()
+    prompt, max_tokens = prepared(loaded, request)
+    cache, rest = loaded.prompt_cache.take(loaded.model, prompt)
+    answer = Answer(loaded, request, prompt, len(prompt) - len(rest), max_tokens, started)
+    sampler = request_sampler(request)
+    mx.reset_peak_memory()
 
     def kept() -> None:
         # The cache holds the prompt and every token generated (each was fed before it came
         # out), unless generation stopped at the first token.
+        token_ids = answer.token_ids
         fed = token_ids[:-1] if len(token_ids) == 1 else token_ids
         loaded.prompt_cache.keep(prompt + fed, cache)
 
@@ -334,53 +282,19 @@ def generate(
             tokens = sampled_tokens(
                 loaded.model, rest, cache, sampler, max_tokens, one_pass_tokens, loaded.card.name
             )
-            prefill_started = time.perf_counter()
+            answer.prefilling()
             for token in tokens:
-                if not token_ids:
-                    decode_started = time.perf_counter()
-                    ttft = decode_started - started
-                    prefill_tps = len(rest) / (decode_started - prefill_started)
-                token_ids.append(token)
-                decode_tps = len(token_ids) / max(time.perf_counter() - decode_started, 1e-9)
-                # As mlx-lm's stream_generate: the end-of-sequence token is kept but not shown.
-                if token in eos:
-                    detokenizer.finalize()
-                else:
-                    detokenizer.add_token(token)
-                    if len(token_ids) == max_tokens:
-                        detokenizer.finalize()
-                        finish = "length"
-                for chunk in parser.feed(token, detokenizer.last_segment):
-                    tool_calls += isinstance(chunk, ToolCallChunk)
-                    yield chunk
-                if token in eos or finish == "length":
+                yield from answer.token(token)
+                if answer.finish is not None:
                     break
                 if cancel.is_set():
-                    finish = "cancelled"
+                    answer.cancel()
                     break
     except GeneratorExit:  # the caller stopped listening: the cache was taken out, put it back
         kept()
         raise
     kept()
-    for chunk in parser.finish():
-        if isinstance(chunk, ErrorChunk) and finish == "stop":
-            finish = "error"
-        yield chunk
-    if tool_calls and finish == "stop":
-        finish = "tool_calls"
-    yield DoneChunk(
-        finish_reason=finish,
-        usage=Usage(
-            prompt_tokens=len(prompt), completion_tokens=len(token_ids), cached_tokens=cached
-        ),
-        stats=Stats(
-            ttft_s=ttft,
-            prefill_tps=prefill_tps,
-            decode_tps=decode_tps,
-            peak_memory_bytes=int(mx.get_peak_memory()),
-        ),
-        token_ids=tuple(token_ids),
-    )
+    yield from answer.done()
 
 
 # Two different endings of the next message: what their renderings share is what the next turn

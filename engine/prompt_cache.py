@@ -9,8 +9,9 @@ serve one prefix to many requests), and the copy is made lazily, inside the firs
 where it adds a large share of the time to the first token. The entry a turn continues is
 replaced by the longer one the turn keeps anyway; an entry that holds a few tokens more than a
 request shares with it (a draft prefilled as if sent, then typed on) is trimmed in place. One
-that holds more (another chat, an answer being regenerated) is another branch: it is copied,
-as mlx-lm does, and stays.
+that holds more (another chat, an answer being regenerated), or more than the request shares
+with it (a short chat that a new one shares only the template's first tokens with, answered
+at the same time), is another branch: it is copied, as mlx-lm does, and stays.
 """
 # pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
 # (mlx-lm ships no type information.)
@@ -31,7 +32,8 @@ from mlx_lm.models.cache import (
 # A quarter of this machine's memory at most, and never more than 4 GiB, for kept caches.
 _DEFAULT_MAX_BYTES = min(4 << 30, psutil.virtual_memory().total // 4)
 _MODEL_KEY = "model"
-# Past what a request shares with an entry, at most this many tokens are trimmed away in place.
+# Past what a request shares with an entry, at most this many tokens (and no more than it
+# shares) are trimmed away in place.
 TRIM_IN_PLACE_TOKENS = 64
 
 
@@ -61,7 +63,7 @@ class _TakingPromptCache(LRUPromptCache):
         key, held = self.nearest(model, tokens)
         if (
             key is None
-            or len(key) - held > TRIM_IN_PLACE_TOKENS
+            or len(key) - held > min(TRIM_IN_PLACE_TOKENS, held)
             or not can_trim_prompt_cache(self._trie.get(model, key).prompt_cache)
         ):
             return self.fetch_nearest_cache(model, tokens)

@@ -1,8 +1,9 @@
 """What answers a chat: one interface in front of a model in this process, a cluster or a ring.
 
 A chat turn, the app and the CLI hold a `Backend` and never ask which kind it is. The local one
-serialises generation and next-turn prefill on the model; the cluster one is the one bridge from
-the coordinator's event loop to the caller's thread.
+decodes concurrent requests together (continuous batching) and runs the next-turn prefill while
+the model is idle; the cluster one is the one bridge from the coordinator's event loop to the
+caller's thread.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
+from engine.batching import DEFAULT_BATCH, BatchEngine, batchable
 from engine.errors import EngineError
 from engine.generate import CancelToken, generate, prefill_next_turn
 from engine.loading import LoadedModel
@@ -69,13 +71,18 @@ class Coordinating(Protocol):
 
 
 class LocalBackend:
-    """A model loaded in this process."""
+    """A model loaded in this process. Up to `max_batch` requests decode together on the
+    model's own thread (`engine.batching`); a model whose caches cannot join a batch, or a
+    `max_batch` of 1, answers one request at a time on the caller's thread."""
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, max_batch: int = DEFAULT_BATCH) -> None:
         self.loaded = loaded
-        # One generation or next-turn prefill at a time on the model.
+        # One generation or next-turn prefill at a time on the model, without the batch.
         self._lock = threading.Lock()
         self._prefill_cancel = threading.Event()
+        self._batch = (
+            BatchEngine(loaded, max_batch) if max_batch > 1 and batchable(loaded) else None
+        )
 
     @property
     def card(self) -> ModelCard:
@@ -83,17 +90,24 @@ class LocalBackend:
 
     @property
     def concurrency(self) -> int:
-        return 1
+        return 1 if self._batch is None else self._batch.max_batch
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        # Prefills asked for from here on are for the turn after this one; those asked for
+        # before it stop, even the ones still waiting for the model.
+        self._prefill_cancel.set()
+        self._prefill_cancel = threading.Event()
+        if self._batch is not None:
+            yield from self._batch.generate(request, cancel)
+            return
         with self._lock:  # after any next-turn prefill has stopped
-            # Prefills asked for from here on are for the turn after this one; those asked for
-            # before it were stopped, even the ones still waiting for the model's thread.
-            self._prefill_cancel = threading.Event()
             yield from generate(self.loaded, request, cancel)
 
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
         cancel = self._prefill_cancel
+        if self._batch is not None:
+            self._batch.prefill_next(request, cancel, draft)
+            return
         with self._lock:  # after the answer (and its own prefill) let go of the model
             if not cancel.is_set():
                 prefill_next_turn(self.loaded, request, cancel, draft)
@@ -106,6 +120,8 @@ class LocalBackend:
 
     def unload(self) -> None:
         self._prefill_cancel.set()
+        if self._batch is not None:
+            self._batch.close()
         self.loaded.unload()
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.generate import CancelToken, next_turn_prefix
+from engine.generate import CancelToken, generate, next_turn_prefix
 from engine.loading import load_model_sync
 from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message, TextChunk
 from exo_tui.chat.backend import ClusterBackend, LocalBackend
@@ -91,3 +91,70 @@ def test_a_prefill_asked_for_before_a_turn_is_stopped_with_it(tiny_llama: Path) 
     # After the answer, prefills are for the next turn again.
     backend.prefill_next(history, "hello")
     assert loaded.prompt_cache.reusable(prefix) == len(prefix) - 1
+
+
+def asked(text: str, max_tokens: int) -> ChatRequest:
+    return ChatRequest(
+        messages=(Message(role="user", content=text),), temperature=0.0, max_tokens=max_tokens
+    )
+
+
+def test_a_local_model_answers_concurrent_requests_together(tiny_llama: Path) -> None:
+    loaded = load_model_sync(tiny_llama)
+    requests = [asked(text, 20 + 4 * i) for i, text in enumerate(("hi", "the sea", "a story"))]
+    expected = []
+    for request in requests:
+        expected.append([c for c in generate(loaded, request)][-1])
+        loaded.prompt_cache.clear()
+    backend = LocalBackend(loaded)
+    assert backend.concurrency == 8
+    got: list[Chunk | None] = [None] * len(requests)
+
+    def answer(index: int) -> None:
+        got[index] = list(backend.generate(requests[index], None))[-1]
+
+    threads = [threading.Thread(target=answer, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    for mine, theirs in zip(got, expected, strict=True):
+        assert isinstance(mine, DoneChunk) and isinstance(theirs, DoneChunk)
+        assert mine.token_ids == theirs.token_ids
+    backend.unload()
+
+
+def test_one_at_a_time_when_asked_to(tiny_llama: Path) -> None:
+    backend = LocalBackend(load_model_sync(tiny_llama), max_batch=1)
+    assert backend.concurrency == 1
+    done = list(backend.generate(asked("hi", 4), None))[-1]
+    assert isinstance(done, DoneChunk) and len(done.token_ids) == 4
+
+
+def test_a_prefill_asked_during_an_answer_runs_after_it(tiny_llama: Path) -> None:
+    loaded = load_model_sync(tiny_llama)
+    request = asked("hello", 40)
+    expected = [c for c in generate(loaded, request)][-1]
+    loaded.prompt_cache.clear()
+    backend = LocalBackend(loaded)
+    history = ChatRequest(messages=(Message(role="system", content="Answer briefly."),))
+    prefix = next_turn_prefix(loaded, history, "the next one")
+    stream = backend.generate(request, None)
+    first = next(stream)
+    prefilling = threading.Thread(target=backend.prefill_next, args=(history, "the next one"))
+    prefilling.start()
+    done = [first, *stream][-1]
+    prefilling.join(60)
+    assert not prefilling.is_alive()
+    assert isinstance(done, DoneChunk) and isinstance(expected, DoneChunk)
+    assert done.token_ids == expected.token_ids  # the answer went on undisturbed
+    assert loaded.prompt_cache.reusable(prefix) == len(prefix) - 1  # and then it ran
+    backend.unload()
+
+
+def test_after_an_unload_a_request_gets_an_error(tiny_llama: Path) -> None:
+    backend = LocalBackend(load_model_sync(tiny_llama))
+    backend.unload()
+    chunks = list(backend.generate(asked("hi", 4), None))
+    assert isinstance(chunks[0], ErrorChunk) and "unloaded" in chunks[0].message
+    assert isinstance(chunks[-1], DoneChunk) and chunks[-1].finish_reason == "error"

@@ -169,3 +169,22 @@ def test_numpys_own_blas_runs_on_the_calling_thread() -> None:
     attention.attention(q, k, v, scale=0.2, mask="causal")
     numpy_blas = ThreadpoolController().select(prefix="libscipy_openblas").lib_controllers
     assert numpy_blas and all(lib.num_threads == 1 for lib in numpy_blas)
+
+
+def test_a_batchs_left_padded_mask_gives_mlxs_attention() -> None:
+    """A batch of prompts with histories of different lengths: mlx-lm's BatchKVCache masks
+    each row's padding with a boolean array of its own, which this path reads per row."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    padding = [3, 0, 5]
+    cache = BatchKVCache(padding)
+    mx.random.seed(7)
+    history = mx.random.normal((3, 2, 40, 32))
+    cache.update_and_fetch(history, history)
+    mask = cache.make_mask(20)
+    assert isinstance(mask, mx.array) and mask.shape[0] == 3
+    q = mx.random.normal((3, 8, 20, 32))
+    k = mx.random.normal((3, 2, 60, 32))
+    v = mx.random.normal((3, 2, 60, 32))
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask=mask)
+    assert max_difference(attention.attention(q, k, v, scale=0.2, mask=mask), expected) < 1e-5

@@ -1,0 +1,499 @@
+"""Continuous batching: concurrent requests to one loaded model decode together, each with its
+own prompt cache, sampler and chunks.
+
+One thread owns the model and runs mlx-lm's `BatchGenerator`; any number of threads call
+`BatchEngine.generate` and get the chunks `engine.generate` would give them. A request joins
+the batch at the next step and leaves it at the step it ends (its end, its length, a stop
+string, a cancel, or its caller closing the stream), and its cache goes back to the model's
+prompt cache, so a chat's next turn prefills only what is new. The next-turn prefill runs on the
+same thread while no request is active, and a request that arrives stops it.
+"""
+# pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
+# pyright: reportMissingTypeStubs=false
+# (mlx-lm ships no type information.)
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+
+from engine import mlx_threads
+from engine.answer import Answer, is_harmony
+from engine.batch_messages import (
+    Admission,
+    Closing,
+    Message,
+    PrefillAsked,
+    PrefillDone,
+    Refused,
+    Withdrawal,
+    failure_chunks,
+)
+from engine.errors import EngineError, ModelFormatError, RequestError
+from engine.generate import (
+    ONE_PASS_TOKENS_PER_LAYER,
+    PREFILL_STEP,
+    CancelToken,
+    NeverCancelled,
+    first_token,
+    not_numbers,
+    prefill_next_turn,
+    prepared,
+)
+from engine.loading import LoadedModel
+from engine.sampling import request_sampler
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH = 8  # requests decoded together; more wait for a slot
+
+
+# Engines not closed yet. An interpreter that exits while a model's thread decodes aborts, so
+# at exit each is closed first (which waits for the step under way).
+_open: set[BatchEngine] = set()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for batch in list(_open):
+        batch.close()
+
+
+def batchable(loaded: LoadedModel) -> bool:
+    """Whether this model's requests can decode together: every layer's cache must merge into
+    a batch (mlx-lm's caches that do have `merge`).
+
+    gpt-oss (harmony) stays one request at a time: its sliding-window layers' batched caches
+    (mlx-lm's BatchRotatingKVCache) and their trimming for the prompt cache are untested here,
+    for want of a gpt-oss model small enough for the tests."""
+    if is_harmony(loaded):
+        return False
+    return all(hasattr(cache, "merge") for cache in make_prompt_cache(loaded.model))
+
+
+@dataclass
+class _Caller:
+    """Where a request's chunks go, and its cancel (both held outside the messages: a queue and
+    an event are not data)."""
+
+    replies: queue.Queue[Chunk | Refused]
+    cancel: CancelToken
+
+
+@dataclass
+class _PrefillCaller:
+    replies: queue.Queue[PrefillDone]
+    cancel: CancelToken
+
+
+@dataclass
+class _Live:
+    """A request in the batch: its id, its answer so far and where its chunks go."""
+
+    id: int
+    answer: Answer
+    caller: _Caller
+
+
+class _PrefillStop:
+    """A next-turn prefill stops at its cancel, or when anything else reaches the thread."""
+
+    def __init__(self, cancel: CancelToken, inbox: queue.Queue[Message]) -> None:
+        self._cancel = cancel
+        self._inbox = inbox
+
+    def is_set(self) -> bool:
+        return self._cancel.is_set() or not self._inbox.empty()
+
+
+class BatchEngine:
+    """A loaded model that answers up to `max_batch` requests at once, decoded together."""
+
+    def __init__(self, loaded: LoadedModel, max_batch: int = DEFAULT_BATCH) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch is {max_batch}; it must be 1 or more")
+        self.loaded = loaded
+        self.max_batch = max_batch
+        self._inbox: queue.Queue[Message] = queue.Queue()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # over the two tables of callers
+        self._callers: dict[int, _Caller] = {}
+        self._prefill_callers: dict[int, _PrefillCaller] = {}
+        # The model's thread's own state.
+        self._waiting: deque[Admission] = deque()
+        self._live: dict[int, _Live] = {}  # by the batch's uid
+        self._prefills: deque[PrefillAsked] = deque()
+        self._stream: Any = None  # the model's thread's own, made there
+        self._batch: Any = None  # BatchGenerator, made when a request first needs it
+        self.most_at_once = 0  # the most requests one step has decoded
+        self._closed = threading.Event()  # set under the lock: nothing is sent after it
+        _open.add(self)
+        mlx_threads.start(self._run)
+
+    # The callers' side.
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None = None) -> Generator[Chunk]:
+        """Stream the answer to `request`, decoded with the other requests; the last chunk is
+        a DoneChunk. Raises RequestError before any chunk when the request cannot be served."""
+        started = time.perf_counter()
+        prompt, max_tokens = prepared(self.loaded, request)
+        ident = next(self._ids)
+        caller = _Caller(queue.Queue(), cancel or NeverCancelled())
+        with self._lock:
+            self._callers[ident] = caller
+        admission = Admission(
+            id=ident, request=request, prompt=tuple(prompt), max_tokens=max_tokens, started=started
+        )
+        if not self._send(admission):
+            yield from failure_chunks(len(prompt), f"{self.loaded.card.name} was unloaded")
+            return
+        ended = False
+        try:
+            while True:
+                chunk = caller.replies.get()
+                if isinstance(chunk, Refused):
+                    ended = True
+                    raise ModelFormatError(chunk.cause, chunk.fix)
+                ended = isinstance(chunk, DoneChunk)
+                yield chunk
+                if ended:
+                    return
+        finally:
+            if not ended:  # the caller closed the stream: free its slot
+                self._send(Withdrawal(id=ident))
+
+    def prefill_next(
+        self, request: ChatRequest, cancel: CancelToken | None = None, draft: str = ""
+    ) -> int:
+        """`prefill_next_turn` on the model's thread once no request is active; blocks until it
+        is done. A request that arrives, or `cancel`, stops it between steps."""
+        ident = next(self._ids)
+        caller = _PrefillCaller(queue.Queue(), cancel or NeverCancelled())
+        with self._lock:
+            self._prefill_callers[ident] = caller
+        if not self._send(PrefillAsked(id=ident, request=request, draft=draft)):
+            return 0
+        done = caller.replies.get()
+        if done.cause is not None:
+            raise RequestError(done.cause, done.fix)
+        return done.tokens
+
+    def close(self) -> None:
+        """End every request (cancelled) and let go of the model's thread (which waits for
+        other work: see engine.mlx_threads); requests after it get an error."""
+        if self._send(Closing()):
+            self._closed.wait()
+        _open.discard(self)
+
+    def _send(self, message: Message) -> bool:
+        """Hand `message` to the model's thread; False once it has let go of the model."""
+        with self._lock:
+            if self._closed.is_set():
+                return False
+            self._inbox.put(message)
+            return True
+
+    # The model's thread.
+
+    def _run(self) -> None:
+        # MLX's streams belong to the thread that made them: this thread decodes on its own.
+        self._stream = mx.new_stream(mx.default_device())
+        try:
+            while self._serving():
+                pass
+        finally:
+            mx.synchronize(self._stream)
+            mx.synchronize()
+            with self._lock:
+                self._closed.set()
+            self._refuse_the_rest()
+
+    def _serving(self) -> bool:
+        """`_serve`, and a fault in it (a bug, MLX failing) ends the requests it touched with
+        an error instead of the thread: the requests after them are answered."""
+        try:
+            return self._serve()
+        except Exception as error:
+            log.exception("The model's thread failed")
+            self._fail_all(f"Decoding failed: {type(error).__name__}: {error}")
+            return True
+
+    def _refuse_the_rest(self) -> None:
+        """Answer what was sent before the thread let go: nothing is sent after."""
+        for message in self._messages(block=False):
+            if isinstance(message, Admission):
+                with self._lock:
+                    caller = self._callers.pop(message.id, None)
+                if caller is not None:
+                    for chunk in failure_chunks(
+                        len(message.prompt), f"{self.loaded.card.name} was unloaded"
+                    ):
+                        caller.replies.put(chunk)
+            elif isinstance(message, PrefillAsked):
+                with self._lock:
+                    prefill = self._prefill_callers.pop(message.id, None)
+                if prefill is not None:
+                    prefill.replies.put(PrefillDone())
+
+    def _serve(self) -> bool:
+        """One round: read what came, start and end requests, one step. False: closing."""
+        idle = not (self._live or self._waiting or self._prefills)
+        closing = False
+        for message in self._messages(block=idle):
+            match message:
+                case Admission():
+                    self._waiting.append(message)
+                case Withdrawal():
+                    self._withdraw(message.id)
+                case PrefillAsked():
+                    self._prefills.append(message)
+                case Closing():
+                    closing = True
+        if closing:
+            self._close()
+            return False
+        self._end_cancelled()
+        self._admit()
+        if self._live:
+            self._step()
+        elif self._prefills and not self._waiting:
+            self._prefill(self._prefills.popleft())
+        return True
+
+    def _messages(self, block: bool) -> list[Message]:
+        messages: list[Message] = [self._inbox.get()] if block else []
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def _generator(self) -> Any:
+        if self._batch is None:
+            tokenizer: Any = self.loaded.tokenizer
+            self._batch = BatchGenerator(
+                self.loaded.model,
+                stop_tokens=[[token] for token in tokenizer.eos_token_ids],
+                completion_batch_size=self.max_batch,
+                prefill_batch_size=self.max_batch,
+                prefill_step_size=PREFILL_STEP,
+                stream=self._stream,
+            )
+        return self._batch
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._live) < self.max_batch:
+            admission = self._waiting.popleft()
+            with self._lock:
+                caller = self._callers.get(admission.id)
+            if caller is not None:  # (its cancel was looked at this round)
+                self._start(admission, caller)
+
+    def _start(self, admission: Admission, caller: _Caller) -> None:
+        try:
+            self._join(admission, caller)
+        except Exception as error:  # a fault of this request's first pass: it alone ends
+            log.exception("A request could not start")
+            message = f"Decoding failed: {type(error).__name__}: {error}"
+            answer = Answer(
+                self.loaded,
+                admission.request,
+                list(admission.prompt),
+                0,
+                admission.max_tokens,
+                admission.started,
+            )
+            answer.finish = "error"
+            self._reply(admission.id, caller, [ErrorChunk(message=message), *answer.done()])
+
+    def _join(self, admission: Admission, caller: _Caller) -> None:
+        """Take the request's cache and put it into the batch.
+
+        A short rest of the prompt goes through the model here, in the one pass that also gives
+        the first token, as `engine.generate` does: the batch would prefill it, then step its
+        last token, a second pass over every weight before the first token. A longer rest is
+        prefilled by the batch, a step's share at a time, so the others go on decoding."""
+        prompt = list(admission.prompt)
+        request = admission.request
+        model = self.loaded.model
+        cache, rest = self.loaded.prompt_cache.take(model, prompt)
+        cached = len(prompt) - len(rest)
+        answer = Answer(
+            self.loaded, request, prompt, cached, admission.max_tokens, admission.started
+        )
+        answer.prefilling()
+        sampler = request_sampler(request)
+        one_pass_tokens = ONE_PASS_TOKENS_PER_LAYER * self.loaded.card.num_layers
+        if len(rest) > one_pass_tokens:
+            (uid,) = self._generator().insert(
+                [rest],
+                max_tokens=[admission.max_tokens],
+                caches=[cache],
+                all_tokens=[prompt[:cached]],
+                samplers=[sampler],
+            )
+            self._live[uid] = _Live(admission.id, answer, caller)
+            return
+        name = self.loaded.card.name
+        try:
+            first = first_token(model, rest, cache, sampler, one_pass_tokens, name, self._stream)
+        except ModelFormatError as error:  # the weights are not numbers: raised in its caller
+            self._reply(admission.id, caller, [Refused(cause=error.cause, fix=error.fix)])
+            return
+        token = cast(int, first.item())
+        for chunk in answer.token(token):
+            caller.replies.put(chunk)
+        if answer.finish is not None:  # its end, a length of one or a stop string
+            self.loaded.prompt_cache.keep(prompt, cache)  # the first token was never fed
+            self._reply(admission.id, caller, answer.done())
+            return
+        (uid,) = self._generator().insert(
+            [[token]],
+            max_tokens=[admission.max_tokens - 1],
+            caches=[cache],
+            all_tokens=[list(prompt)],  # the batch appends to it
+            samplers=[sampler],
+        )
+        self._live[uid] = _Live(admission.id, answer, caller)
+
+    def _step(self) -> None:
+        batch = self._generator()
+        _, responses = batch.next()
+        self.most_at_once = max(self.most_at_once, len(responses))
+        for response in responses:
+            live = self._live.get(response.uid)
+            if live is None:
+                continue
+            answer = live.answer
+            if not answer.token_ids and not self._finite(response):
+                continue
+            for chunk in answer.token(int(response.token)):
+                live.caller.replies.put(chunk)
+            if response.finish_reason is not None:  # the generator ended it (its end, its length)
+                if answer.finish is None:
+                    answer.finish = "length" if response.finish_reason == "length" else "stop"
+                self._end(response.uid, response.prompt_cache, response.all_tokens)
+            elif answer.finish is not None:  # a stop string
+                self._remove(response.uid)
+
+    def _finite(self, response: Any) -> bool:
+        """Whether a request's first logits (of a prompt the batch prefilled) are numbers; if
+        not, its caller is told why, as `first_token` does, and its cache is dropped."""
+        if bool(mx.all(mx.isfinite(response.logprobs)).item()):
+            return True
+        live = self._live.pop(response.uid)
+        if response.finish_reason is None:
+            self._generator().remove([response.uid])
+        error = not_numbers(self.loaded.card.name)
+        self._reply(live.id, live.caller, [Refused(cause=error.cause, fix=error.fix)])
+        return False
+
+    def _remove(self, uid: int) -> None:
+        """Take `uid` out of the batch; its cache goes back to the prompt cache."""
+        caches = self._generator().remove([uid], return_prompt_caches=True)
+        cache, tokens = caches[uid]
+        self._end(uid, cache, tokens)
+
+    def _end(self, uid: int, cache: list[Any], tokens: list[int]) -> None:
+        live = self._live.pop(uid)
+        if tokens:  # (none: it left before any of its prompt went through the model)
+            # Computed here: a lazy array built on this thread's stream cannot be computed on
+            # another thread (the next engine's, or the one-at-a-time path's).
+            mx.eval([layer.state for layer in cache])
+            self.loaded.prompt_cache.keep(list(tokens), cache)
+        self._reply(live.id, live.caller, live.answer.done())
+
+    def _reply(self, ident: int, caller: _Caller, chunks: Sequence[Chunk | Refused]) -> None:
+        for chunk in chunks:
+            caller.replies.put(chunk)
+        with self._lock:
+            self._callers.pop(ident, None)
+
+    def _end_cancelled(self) -> None:
+        for uid, live in list(self._live.items()):
+            if live.caller.cancel.is_set():
+                live.answer.cancel()
+                self._remove(uid)
+        for admission in list(self._waiting):
+            with self._lock:
+                caller = self._callers.get(admission.id)
+            if caller is not None and caller.cancel.is_set():
+                self._waiting.remove(admission)
+                self._cancel_waiting(admission, caller)
+
+    def _cancel_waiting(self, admission: Admission, caller: _Caller) -> None:
+        """End a request that never joined the batch: nothing was computed for it."""
+        prompt = list(admission.prompt)
+        answer = Answer(
+            self.loaded, admission.request, prompt, 0, admission.max_tokens, admission.started
+        )
+        answer.cancel()
+        self._reply(admission.id, caller, answer.done())
+
+    def _withdraw(self, ident: int) -> None:
+        with self._lock:
+            self._callers.pop(ident, None)
+        self._waiting = deque(a for a in self._waiting if a.id != ident)
+        for uid, live in list(self._live.items()):
+            if live.id == ident:
+                live.answer.cancel()
+                self._remove(uid)
+
+    def _fail_all(self, message: str) -> None:
+        """End every live request with `message`; the next request gets a fresh generator
+        (its caches may be half-updated, and are not kept)."""
+        self._batch = None
+        for live in self._live.values():
+            live.answer.finish = "error"
+            self._reply(live.id, live.caller, [ErrorChunk(message=message), *live.answer.done()])
+        self._live.clear()
+
+    def _prefill(self, asked: PrefillAsked) -> None:
+        with self._lock:
+            caller = self._prefill_callers.pop(asked.id, None)
+        if caller is None:
+            return
+        stop = _PrefillStop(caller.cancel, self._inbox)
+        try:
+            tokens = prefill_next_turn(self.loaded, asked.request, stop, asked.draft)
+        except EngineError as error:
+            caller.replies.put(PrefillDone(cause=error.cause, fix=error.fix))
+        except Exception as error:  # a bug: said to the caller, and the thread goes on
+            log.exception("A next-turn prefill failed")
+            caller.replies.put(
+                PrefillDone(cause=f"The prefill failed: {type(error).__name__}: {error}")
+            )
+        else:
+            caller.replies.put(PrefillDone(tokens=tokens))
+
+    def _close(self) -> None:
+        for uid, live in list(self._live.items()):
+            live.answer.cancel()
+            self._remove(uid)
+        while self._waiting:
+            admission = self._waiting.popleft()
+            with self._lock:
+                caller = self._callers.get(admission.id)
+            if caller is not None:
+                self._cancel_waiting(admission, caller)
+        with self._lock:
+            prefills = list(self._prefill_callers.values())
+            self._prefill_callers.clear()
+        for prefill in prefills:
+            prefill.replies.put(PrefillDone())
+        if self._batch is not None:
+            self._batch.close()
+            self._batch = None
