@@ -30,7 +30,6 @@ from engine.types import (
 from exo_tui.api.board import RequestBoard, RequestState
 from exo_tui.api.errors import ApiError
 from exo_tui.api.inbox import Inbox
-from exo_tui.api.stops import StopCut
 from exo_tui.chat.backend import Backend
 
 log = logging.getLogger(__name__)
@@ -90,13 +89,12 @@ class Job:
         self.events: Inbox[Event] = Inbox(loop)
         self.state: Literal["waiting", "running", "finished"] = "waiting"
         self.position: int | None = None
-        self.stops = StopCut(request.stop)
         self.outcome: RequestState = "done"
         self.detail = ""
 
     def is_set(self) -> bool:
-        """The cancel token `generate` sees: cancelled, or a stop string has come."""
-        return self.cancel.is_set() or self.stops.hit
+        """The cancel token `generate` sees (the engine ends an answer at a stop string)."""
+        return self.cancel.is_set()
 
 
 class Scheduler:
@@ -225,9 +223,8 @@ class Scheduler:
             iterator = job.backend.generate(job.request, job)
             try:
                 for chunk in iterator:
-                    for out in _through_stops(job, chunk):
-                        meter.saw(out, job)
-                        put(out)
+                    meter.saw(chunk, job)
+                    put(chunk)
                     # After the last chunk, a client that leaves (having read it) cancels
                     # nothing: the answer was whole.
                     if job.cancel.is_set() and not isinstance(chunk, DoneChunk):
@@ -261,19 +258,6 @@ def _joined(batch: list[Event]) -> list[Event]:
         else:
             out.append(event)
     return out
-
-
-def _through_stops(job: Job, chunk: Chunk) -> list[Chunk]:
-    """`chunk` as the client gets it, once the stop strings have cut the answer."""
-    if isinstance(chunk, TextChunk):
-        text = job.stops.feed(chunk.text)
-        return [TextChunk(text=text)] if text else []
-    if isinstance(chunk, DoneChunk):
-        rest = job.stops.finish()
-        if job.stops.hit and not job.cancel.is_set():
-            chunk = chunk.model_copy(update={"finish_reason": "stop"})
-        return [*([TextChunk(text=rest)] if rest else []), chunk]
-    return [] if job.stops.hit else [chunk]
 
 
 def _cancelled_done() -> DoneChunk:

@@ -10,7 +10,6 @@ from exo_tui.api.ollama_convert import messages as ollama_messages
 from exo_tui.api.ollama_types import MessageIn
 from exo_tui.api.openai_convert import chat_request, delta, merged
 from exo_tui.api.openai_types import ChatCompletionRequest
-from exo_tui.api.stops import StopCut
 from tests.cards import tiny_card
 
 TOOLS = [
@@ -100,19 +99,3 @@ def test_ollama_tool_messages_answer_the_call_of_their_name() -> None:
     ids = {call.name: call.id for call in assistant.tool_calls}
     assert sum_result.tool_call_id == ids["calculator"]
     assert clock_result.tool_call_id == ids["clock"]
-
-
-@pytest.mark.parametrize(
-    ("pieces", "stops", "sent", "hit"),
-    [
-        (["Hello", " wor", "ld"], ("world",), "Hello ", True),
-        (["ab", "c", "d"], ("cd", "bcx"), "ab", True),
-        (["ab", "c"], ("cd",), "abc", False),
-        (["no stop here"], (), "no stop here", False),
-        (["x<", "/s", ">y"], ("</s>",), "x", True),
-    ],
-)
-def test_the_stop_cut(pieces: list[str], stops: tuple[str, ...], sent: str, hit: bool) -> None:
-    cut = StopCut(stops)
-    out = "".join(cut.feed(p) for p in pieces) + cut.finish()
-    assert (out, cut.hit) == (sent, hit)

@@ -136,7 +136,7 @@ def test_a_body_over_the_cap_is_413(serve: Serve, demo_backend: LocalBackend) ->
 
 
 def test_a_full_queue_is_429_with_retry_after(serve: Serve, demo_backend: LocalBackend) -> None:
-    held = HeldBackend(demo_backend)
+    held = HeldBackend(demo_backend, concurrency=1)  # one slot: the rest queue
     served = serve(held, max_waiting=1)
     url = served.url
     answers: list[httpx.Response] = []

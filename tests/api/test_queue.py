@@ -37,7 +37,7 @@ def test_queued_streams_say_their_place_and_answer_as_alone(
     alone = httpx.post(
         f"{serve(demo_backend).url}/v1/chat/completions", json={**HELLO, "max_tokens": 30}
     ).json()["choices"][0]["message"]["content"]
-    held = HeldBackend(demo_backend)
+    held = HeldBackend(demo_backend, concurrency=1)  # one slot: the rest queue
     served = serve(held)
     url = served.url
     results: dict[str, list[dict[str, object]]] = {}
@@ -109,7 +109,7 @@ def test_a_client_that_goes_frees_its_slot(serve: Serve, tiny_backend: LocalBack
 def test_a_request_cancelled_from_the_board_leaves_the_queue(
     serve: Serve, demo_backend: LocalBackend
 ) -> None:
-    held = HeldBackend(demo_backend)
+    held = HeldBackend(demo_backend, concurrency=1)  # one slot: the rest queue
     served = serve(held)
     answers: dict[str, httpx.Response] = {}
 
