@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,2,4,8,16", help="concurrent streams per round")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument(
-        "--repeats", type=int, default=3, help="single-stream runs to take the best of"
+        "--repeats", type=int, default=5, help="rounds of each size to take the median of"
     )
     args = parser.parse_args()
     counts = [int(n) for n in args.streams.split(",")]
@@ -160,16 +160,16 @@ async def measure(url: str, name: str, args: argparse.Namespace, counts: list[in
     # One client for every round, as an application keeps one: its connections are reused.
     api = AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
     await round_of(api, name, 1, args.max_tokens)  # warm-up: compile, prompt cache
-    single = max(
-        [await round_of(api, name, 1, args.max_tokens) for _ in range(args.repeats)],
-        key=lambda r: r["one_stream_e2e"],
-    )
-    print(f"model {name}, {args.max_tokens} tokens a stream at most, greedy")
+    print(f"model {name}, {args.max_tokens} tokens a stream at most, greedy, "
+          f"the median of {args.repeats} rounds each")  # fmt: skip
     print(f"{'streams':>7} {'tok/s':>9} {'x one':>6} {'TTFT p50':>9} {'TTFT p95':>9}")
-    base = single["aggregate"]
+    base = 0.0
     for count in counts:
-        result = single if count == 1 else await round_of(api, name, count, args.max_tokens)
-        print(f"{count:>7} {result['aggregate']:>9.1f} {result['aggregate'] / base:>6.2f} "
+        rounds = [await round_of(api, name, count, args.max_tokens) for _ in range(args.repeats)]
+        result = sorted(rounds, key=lambda r: r["aggregate"])[len(rounds) // 2]
+        base = base or result["aggregate"] if count == 1 else base
+        ratio = f"{result['aggregate'] / base:>6.2f}" if base else f"{'':>6}"
+        print(f"{count:>7} {result['aggregate']:>9.1f} {ratio} "
               f"{result['p50'] * 1000:>7.0f}ms {result['p95'] * 1000:>7.0f}ms")  # fmt: skip
     # One stream against the headless chat, in turns so that the machine's other work weighs
     # on both alike; the server idles while the chat runs here.

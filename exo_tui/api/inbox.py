@@ -4,6 +4,7 @@ wake-up of the loop per batch however many came (a slow reader costs the writer 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from typing import Generic, TypeVar
 
@@ -18,10 +19,16 @@ class Inbox(Generic[T]):
         self._items: deque[T] = deque()
         self._waking = False  # a wake-up is on its way to the loop
         self._ready = asyncio.Event()
+        self._last = asyncio.Event()  # the last item is in
 
-    def put(self, item: T) -> bool:
-        """False once the loop has closed (nobody will take it)."""
+    def put(self, item: T, last: bool = False) -> bool:
+        """False once the loop has closed (nobody will take it). `last`: nothing follows."""
         self._items.append(item)
+        if last:
+            try:
+                self._loop.call_soon_threadsafe(self._last.set)
+            except RuntimeError:
+                return False
         if self._waking:
             return True
         self._waking = True
@@ -30,6 +37,12 @@ class Inbox(Generic[T]):
         except RuntimeError:
             return False
         return True
+
+    async def hold(self, seconds: float) -> None:
+        """Let items gather for up to `seconds`; back at once when the last is in."""
+        if seconds > 0 and not self._last.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._last.wait(), seconds)
 
     async def take(self) -> list[T]:
         """Everything put so far, in order; waits for at least one item."""

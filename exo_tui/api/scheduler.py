@@ -36,7 +36,11 @@ log = logging.getLogger(__name__)
 
 MAX_WAITING = 16
 RETRY_AFTER_S = 5  # a 429's Retry-After: a few short answers' time
-BOARD_INTERVAL_S = 0.1  # a running answer's tokens reach the board at most this often
+BOARD_INTERVAL_S = 0.1
+# A stream's chunks go out at most this often (50 a second, smoother than a screen needs):
+# each one costs the server and the client the same work however many tokens it holds, work
+# that the model's threads would otherwise do on the same cores. bench/api.py measures it.
+STREAM_EVERY_S = 0.02  # a running answer's tokens reach the board at most this often
 
 
 class Queued(Frozen):
@@ -150,8 +154,14 @@ class Scheduler:
                 yield Queued(position=job.position)
                 sent = True
             ended = False
+            loop = asyncio.get_running_loop()
+            last_sent = 0.0
             while not ended:
-                for event in _joined(await job.events.take()):
+                if sent:  # the first chunk at once; then what came meanwhile, in one
+                    await job.events.hold(last_sent + STREAM_EVERY_S - loop.time())
+                batch = _joined(await job.events.take())
+                last_sent = loop.time()
+                for event in batch:
                     if event is None:
                         ended = True
                         break
@@ -199,14 +209,14 @@ class Scheduler:
         self._waiting.remove(job)
         job.state = "finished"
         self.board.update(job.id, state="cancelled", queue_position=None, detail="while queued")
-        job.events.put(None)
+        job.events.put(None, last=True)
         self._grant()
 
     def _finished(self, job: Job) -> None:
         self._running.discard(job)
         job.state = "finished"
         self.board.update(job.id, state=job.outcome, detail=job.detail)
-        job.events.put(None)
+        job.events.put(None, last=True)
         self._grant()
 
     def _pump(self, job: Job) -> None:
@@ -215,7 +225,8 @@ class Scheduler:
         assert loop is not None
 
         def put(event: Event) -> None:
-            if not job.events.put(event):  # the loop has closed: nobody reads this answer
+            # False: the loop has closed, nobody reads this answer.
+            if not job.events.put(event, last=isinstance(event, DoneChunk)):
                 job.cancel.set()
 
         meter = _Meter(self.board, job.id)

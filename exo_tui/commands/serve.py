@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +18,7 @@ import anyio.to_thread
 from engine.errors import EngineError
 from engine.types import ModelReady
 from exo_tui.api.board import RequestBoard
-from exo_tui.api.server import ApiServer, build_app, require_key_off_loopback
+from exo_tui.api.server import GIL_SWITCH_INTERVAL_S, ApiServer, build_app, require_key_off_loopback
 from exo_tui.chat.backend import Backend
 from exo_tui.commands.chat import chat_card, default_model_spec, downloaded
 from exo_tui.commands.printing import TextOutput
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 
 def run_serve(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     require_key_off_loopback(args.host, args.api_key)
+    # The model's thread needs the GIL for a moment every step, between computations that run
+    # without it; at Python's default it waits out the server's threads (as the TUI's does).
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     card = chat_card(args.model or default_model_spec(args.models_dir), args.models_dir)
     if cluster is None and card.source == "hf_cache":
         card = downloaded(card, as_json=False)
