@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -33,11 +34,13 @@ from exo_tui.store.chat_errors import (
 from exo_tui.store.export import render_markdown
 from exo_tui.store.records import (
     DEFAULT_TITLE,
+    ChatMatch,
     ChatSummary,
     StoredMessage,
     as_time,
     auto_title,
     new_chat,
+    snippet,
 )
 from exo_tui.store.schema import (
     BUSY_TIMEOUT_S,
@@ -268,6 +271,26 @@ class ChatStore:
         """Every chat, the one with the latest message first."""
         rows = self._read(self._SUMMARY_SQL + " ORDER BY c.updated_at DESC, c.rowid DESC")
         return [self._summary(row) for row in rows]
+
+    def search(self, text: str, limit: int = 500) -> list[ChatMatch]:
+        """The chats whose user or assistant messages hold `text`, the latest chat first, each
+        with its first such message. Case is ignored for ASCII letters (SQLite's LIKE)."""
+        wanted = text.strip()
+        if not wanted:
+            return []
+        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", wanted) + "%"
+        # With MIN(), SQLite takes the bare columns from the row that holds the minimum.
+        rows = self._read(
+            "SELECT m.chat_id, MIN(m.position), m.content FROM messages m "
+            "JOIN chats c ON c.id = m.chat_id "
+            "WHERE m.role IN ('user', 'assistant') AND m.content LIKE ? ESCAPE '\\' "
+            "GROUP BY m.chat_id ORDER BY MAX(c.updated_at) DESC LIMIT ?",
+            (pattern, limit),
+        )
+        return [
+            ChatMatch(chat_id=chat_id, position=position, snippet=snippet(content, wanted))
+            for chat_id, position, content in rows
+        ]
 
     def rename(self, chat_id: str, title: str) -> None:
         """Give a chat a title of the user's own (whitespace folded; it must not be empty)."""

@@ -35,6 +35,29 @@ class StoredMessage(Frozen):
     created_at: datetime
 
 
+class ChatMatch(Frozen):
+    """A chat whose messages hold the searched text: the first message that does, and the text
+    around the match."""
+
+    chat_id: str
+    position: int
+    snippet: str
+
+
+SNIPPET_BEFORE = 24
+SNIPPET_AFTER = 48
+
+
+def snippet(text: str, wanted: str) -> str:
+    """The words around the first `wanted` in `text` (ignoring case), whitespace folded."""
+    flat = " ".join(text.split())
+    at = flat.lower().find(" ".join(wanted.split()).lower())
+    if at < 0:
+        return flat[: SNIPPET_BEFORE + SNIPPET_AFTER]
+    start, end = max(0, at - SNIPPET_BEFORE), at + len(wanted) + SNIPPET_AFTER
+    return ("…" if start else "") + flat[start:end] + ("…" if end < len(flat) else "")
+
+
 def auto_title(text: str, limit: int = TITLE_LENGTH) -> str | None:
     """A chat title from its first user message: whitespace folded, cut at a word near ``limit``."""
     flat = " ".join(text.split())

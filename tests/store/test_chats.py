@@ -414,3 +414,33 @@ def test_an_unusable_location_falls_back_to_memory(tmp_path: Path) -> None:
         store.append(chat.id, Message(role="user", content="kept in memory"))
         assert store.messages(chat.id)[0].content == "kept in memory"
     assert blocker.read_text() == "a file where the data folder should be"
+
+
+def test_search_finds_the_first_message_that_says_it_with_a_snippet(store: ChatStore) -> None:
+    older = _chat("Older")
+    store.append_turn(older, [Message(role="user", content="What is 100% of 5_000?")])
+    newer = _chat("Newer")
+    long = "word " * 20 + "the Needle is here " + "tail " * 20
+    store.append_turn(
+        newer,
+        [
+            Message(role="system", content="needle in the system prompt is not searched"),
+            Message(role="user", content="no match"),
+            Message(role="assistant", content=long),
+            Message(role="user", content="needle again"),
+        ],
+    )
+    matches = store.search("needle")
+    assert [(m.chat_id, m.position) for m in matches] == [(newer.id, 2)]
+    assert matches[0].snippet.startswith("…") and matches[0].snippet.endswith("…")
+    assert "the Needle is here" in matches[0].snippet
+    # LIKE's own wildcards are matched as text.
+    assert [m.chat_id for m in store.search("100%")] == [older.id]
+    assert store.search("5_0") and not store.search("5x0") and not store.search("0%o")
+    assert store.search("   ") == []
+
+
+def _chat(title: str) -> ChatSummary:
+    from exo_tui.store.records import new_chat
+
+    return new_chat("demo", title=title)
