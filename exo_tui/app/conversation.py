@@ -64,12 +64,15 @@ class Conversation:
         tools: ToolRegistry,
         in_flight: WorkInFlight,
         screen_cpu: Callable[[], Callable[[], float] | None],
+        generation_changed: Callable[[bool], None] = lambda generating: None,
     ) -> None:
-        """`screen_cpu`: the screen thread's CPU clock (known once the app is mounted)."""
+        """`screen_cpu`: the screen thread's CPU clock (known once the app is mounted);
+        `generation_changed`: told when an answer starts and when it ends."""
         self._app = app
         self.tools = tools
         self._in_flight = in_flight
         self._screen_cpu = screen_cpu
+        self._generation_changed = generation_changed
         self.backend: Backend | None = None
         self.store: ChatStore | None = None
         self.unsaved: UnsavedTurns | None = None
@@ -95,18 +98,66 @@ class Conversation:
     async def submit(self, text: str, can_answer: bool) -> AwaitMount | None:
         """Answer `text`: the turn going on screen; None (and a word to the user) when nothing
         can answer it now. `can_answer`: whether the backend's instance still runs."""
-        backend = self.backend
-        if backend is None or not can_answer:
-            self._app.notify(f"Launch a model first ({shown('app.launch')}).", severity="warning")
+        backend = self._backend_for_turn(can_answer)
+        if backend is None:
             return None
         if self.generating:
             self._app.notify(f"Still answering; {shown('app.stop')} stops it.")
             return None
-        # The engine starts first: storing the turn and putting it on screen overlap its prefill.
         user = Message(role="user", content=text)
         earlier = self.history_before_prompt()
+        opening: tuple[Message, ...] = (user,)
+        if self.summary is None:  # in memory: the store gets it with its first turn
+            self.summary = new_chat(backend.card.name)
+            self.messages = []
+            opening = (*earlier, user)  # the system prompt that opens a chat
+        answer = self._start(backend, (*earlier, user), opening, replace_from=None)
+        await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
+        self.messages.extend(opening)
+        return self._app.query_one(ChatPane).add_turn(text, answer)
+
+    async def regenerate(self, can_answer: bool) -> AwaitMount | None:
+        """Answer the last user message again: its answer (tool rounds and all) goes, on
+        screen and in the store, for the new one. None when it cannot be done now."""
+        if self.refuse_while_answering():
+            return None
+        last = self._last_user()
+        if last is None:
+            self._app.notify("Nothing to answer again yet: ask something first.")
+            return None
+        backend = self._backend_for_turn(can_answer)
+        if backend is None:
+            return None
+        del self.messages[last + 1 :]
+        answer = self._start(backend, tuple(self.messages), (), replace_from=last + 1)
+        await asyncio.sleep(0)
+        pane = self._app.query_one(ChatPane)
+        await pane.drop_from_last_user(keep_user=True)
+        return pane.add_answer(answer)
+
+    def _last_user(self) -> int | None:
+        """Where the last user message is in the open chat's messages."""
+        users = [i for i, message in enumerate(self.messages) if message.role == "user"]
+        return users[-1] if users and self.summary is not None else None
+
+    def _backend_for_turn(self, can_answer: bool) -> Backend | None:
+        if self.backend is None or not can_answer:
+            self._app.notify(f"Launch a model first ({shown('app.launch')}).", severity="warning")
+            return None
+        return self.backend
+
+    def _start(
+        self,
+        backend: Backend,
+        history: tuple[Message, ...],
+        opening: tuple[Message, ...],
+        replace_from: int | None,
+    ) -> AnswerView:
+        """Start answering the last message of `history` in a worker: the engine starts first,
+        so storing the turn and putting it on screen overlap its prefill. The store gets
+        `opening` and what the answer adds, from `replace_from` on when it is given."""
         request = ChatRequest(
-            messages=(*earlier, user),
+            messages=history,
             tools=self.tools.specs,
             max_tokens=self.max_tokens,
             temperature=0.0,
@@ -115,21 +166,17 @@ class Conversation:
         self.set_generating(True)
         cancel = self._cancel = threading.Event()
         backend.stop_prefill()  # stop prefilling for this turn: it is here
-        opening: tuple[Message, ...] = (user,)
-        if self.summary is None:  # in memory: the store gets it with its first turn
-            self.summary = new_chat(backend.card.name)
-            self.messages = []
-            opening = (*earlier, user)  # the system prompt that opens a chat
+        assert self.summary is not None
         summary = self.summary
         self._app.run_worker(
-            lambda: self._generate(backend, request, answer, cancel, summary, opening),
+            lambda: self._generate(
+                backend, request, answer, cancel, summary, opening, replace_from
+            ),
             name="_generate",
             group="chat",
             thread=True,
         )
-        await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
-        self.messages.extend(opening)
-        return self._app.query_one(ChatPane).add_turn(text, answer)
+        return answer
 
     def history_before_prompt(self) -> tuple[Message, ...]:
         """The messages the next prompt follows: a new chat starts with the system prompt."""
@@ -145,8 +192,10 @@ class Conversation:
         cancel: threading.Event,
         chat: ChatSummary,
         opening: tuple[Message, ...],
+        replace_from: int | None,
     ) -> None:
-        """Answer, save the turn (`opening` and what the answer added), then prefill the next."""
+        """Answer, save the turn (`opening` and what the answer added, from `replace_from` on),
+        then prefill the next."""
         with self._in_flight.running() as allowed:
             if not allowed:
                 return
@@ -154,7 +203,7 @@ class Conversation:
             # Saved here, not from TurnEnded: a quit mid-answer still saves what was answered;
             # and off the MLX thread, so a store waiting out a lock does not hold up the model.
             if self.unsaved is not None and chat.id not in self._deleted:
-                self.unsaved.add(chat, (*opening, *(added or [])))
+                self.unsaved.add(chat, (*opening, *(added or [])), replace_from)
                 self._app.post_message(HistorySaved(self.unsaved.save()))
             if added is not None:
                 # While the user reads and types, prefill the history as the next turn will
@@ -218,7 +267,9 @@ class Conversation:
         return self.generating
 
     def set_generating(self, generating: bool) -> None:
-        self.generating = generating
+        changed, self.generating = generating != self.generating, generating
+        if changed:
+            self._generation_changed(generating)
         # A steady cursor while an answer streams: every blink redraws the prompt, and on a
         # small machine the engine pays for each redraw (the same cores, the same GIL).
         for prompt in self._app.query(PromptInput):  # none while the app shuts down
@@ -301,8 +352,8 @@ class Conversation:
     def reopen(self, chat: ChatSummary, stored: list[Message]) -> None:
         """Show `chat`: what the store holds of it, then its turns still waiting to be saved."""
         self.summary = chat
-        waiting = self.unsaved.of(chat.id) if self.unsaved is not None else []
-        self.messages = [*stored, *waiting]
+        unsaved = self.unsaved
+        self.messages = unsaved.apply(chat.id, stored) if unsaved is not None else list(stored)
         self._app.query_one(ChatPane).show_messages(self.messages)
 
     def save_waiting(self) -> None:

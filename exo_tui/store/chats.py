@@ -352,12 +352,17 @@ class ChatStore:
             )
         return position
 
-    def append_turn(self, chat: ChatSummary, messages: Sequence[Message]) -> list[int]:
+    def append_turn(
+        self, chat: ChatSummary, messages: Sequence[Message], *, replace_from: int | None = None
+    ) -> list[int]:
         """Add a turn's messages at the end of its chat in one transaction: all or none.
 
         The chat is created first if the file does not hold it yet (a chat begun in memory).
-        Returns the messages' positions.
+        ``replace_from``: drop the chat's messages from this position on first, in the same
+        transaction (a regenerated answer, an edited message). Returns the messages' positions.
         """
+        if replace_from is not None and replace_from < 0:
+            raise ValueError(f"a message position is 0 or more, not {replace_from}")
         columns = [self._columns(message, None) for message in messages]
         now = time.time()
         with self._write() as conn:
@@ -373,6 +378,11 @@ class ChatStore:
                 ),
             )
             (title,) = self._require_chat(conn, chat.id)
+            if replace_from is not None:
+                conn.execute(
+                    "DELETE FROM messages WHERE chat_id = ? AND position >= ?",
+                    (chat.id, replace_from),
+                )
             (start,) = conn.execute(
                 "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE chat_id = ?",
                 (chat.id,),

@@ -498,6 +498,18 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         await self._append(answer)
         return answer
 
+    def add_answer(self, answer: AnswerView) -> AwaitMount:
+        """An answer in place of the one `drop_from_last_user` took away."""
+        return self._append(answer)
+
+    def drop_from_last_user(self, keep_user: bool) -> AwaitRemove:
+        """Take away what came after the last message the user sent (and that message too,
+        unless `keep_user`): the answer to regenerate, or the message to send again."""
+        entries = self.entries()
+        users = [i for i, entry in enumerate(entries) if isinstance(entry, UserMessage)]
+        start = (users[-1] + (1 if keep_user else 0)) if users else len(entries)
+        return self._log.remove_children(entries[start:])
+
     def add_turn(self, text: str, answer: AnswerView) -> AwaitMount:
         """What the user sent and its answer, mounted together (one layout, not two).
 

@@ -1,0 +1,111 @@
+"""Answering again: regenerate the last answer, or edit the last message and send it again."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.generate import CancelToken
+from engine.types import ChatRequest, Chunk
+from exo_tui.app.keymap import binding_scopes
+from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.widgets.chat import AnswerView, StatsLine, UserMessage
+from exo_tui.app.widgets.prompt import PromptInput
+from exo_tui.chat.backend import Backend
+from tests.app.helpers import wait_until
+from tests.app.test_app import SIZE, launch, make_app
+
+pytestmark = pytest.mark.anyio
+
+
+def stored_roles(app: ExoTuiApp) -> list[tuple[str, str]]:
+    store, chat = app.conversation.store, app.conversation.summary
+    assert store is not None and chat is not None
+    return [(m.role, m.content) for m in store.messages(chat.id)]
+
+
+def answered(app: ExoTuiApp, tokens: int) -> bool:
+    lines = [str(line.render()) for line in app.query(StatsLine)]
+    return not app.conversation.generating and any(f"+{tokens} tokens" in x for x in lines)
+
+
+async def test_regenerate_replaces_the_last_answer_on_screen_and_in_the_store(
+    models_dir: Path,
+) -> None:
+    app = make_app(models_dir)
+    app.conversation.max_tokens = 3
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(app, pilot)
+        await pilot.click(PromptInput)
+        await pilot.press(*"Hello", "enter")
+        await wait_until(pilot, lambda: answered(app, 3))
+        await wait_until(pilot, lambda: len(stored_roles(app)) == 3)
+        first = app.query_one(AnswerView)
+
+        app.conversation.max_tokens = 6  # a longer answer tells the new one from the old
+        await pilot.press("ctrl+g")
+        await wait_until(pilot, lambda: answered(app, 6))
+        assert first not in app.query(AnswerView)
+        assert len(app.query(AnswerView)) == 1 and len(app.query(UserMessage)) == 1
+        assert len(app.query(StatsLine)) == 1
+        assert [m.role for m in app.conversation.messages] == ["system", "user", "assistant"]
+        new_answer = app.conversation.messages[-1].content
+        await wait_until(pilot, lambda: stored_roles(app)[-1] == ("assistant", new_answer))
+        assert [role for role, _ in stored_roles(app)] == ["system", "user", "assistant"]
+
+
+class HeldBackend:
+    """The loaded model, held before each answer until the test lets it go: a turn that is
+    answering for as long as the test needs, on any machine."""
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self.go = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        self.go.wait(60)
+        yield from self._backend.generate(request, cancel)
+
+
+async def test_regenerate_is_refused_while_answering_and_with_nothing_asked(
+    models_dir: Path,
+) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(app, pilot)
+        await pilot.press("ctrl+g")
+        await wait_until(
+            pilot, lambda: any("Nothing to answer again" in n.message for n in app._notifications)
+        )
+        assert app.conversation.backend is not None
+        held = HeldBackend(app.conversation.backend)
+        app.conversation.backend = held  # type: ignore[assignment]
+        await pilot.click(PromptInput)
+        await pilot.press(*"Hello", "enter")
+        await wait_until(pilot, lambda: bool(app.query(AnswerView)) and app.conversation.generating)
+        answer = app.query_one(AnswerView)
+        await pilot.press("ctrl+g")
+        await wait_until(
+            pilot, lambda: any("Stop the answer first" in n.message for n in app._notifications)
+        )
+        held.go.set()
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app.conversation.generating)
+        assert list(app.query(AnswerView)) == [answer]
+
+
+async def test_the_chat_keys_are_in_the_palette_and_help(models_dir: Path) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.selection.card is not None)
+        titles = [command.title for command in app.get_system_commands(app.screen)]
+        assert "Regenerate (Ctrl+G)" in titles
+        ids = {b.id for b in binding_scopes()["main screen"]}
+        assert "chat.regenerate" in ids
