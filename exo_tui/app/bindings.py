@@ -76,6 +76,14 @@ CHAT_BINDINGS: list[Binding] = [
         show=False,
         tooltip="Answer the last message again, in place of its answer",
     ),
+    Binding(
+        "f8",  # the prompt (a TextArea) holds F6 and F7
+        "edit_last",
+        "Edit last message",
+        id="chat.edit_last",
+        show=False,
+        tooltip="Put your last message back in the prompt: sending replaces it and its answer",
+    ),
 ]
 # Not in the palette: the same action as another binding, or one Textual's palette lists.
 PALETTE_SKIPS = frozenset({"app.help_key", "app.quit"})

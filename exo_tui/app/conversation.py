@@ -85,6 +85,7 @@ class Conversation:
         self._save_problem: str | None = None  # the one the user was last told of
         self._answer: AnswerView | None = None  # the answer streaming, or the last one
         self._deleted: set[str] = set()  # chats deleted while open: a late turn is not saved
+        self.editing: int | None = None  # the user message the prompt holds to send again
 
     def open_store(self, chat_db: Path | None) -> str | None:
         """Open the history; a notice for the user, if the store has one."""
@@ -105,6 +106,16 @@ class Conversation:
             self._app.notify(f"Still answering; {shown('app.stop')} stops it.")
             return None
         user = Message(role="user", content=text)
+        pane = self._app.query_one(ChatPane)
+        editing = self.editing
+        self._stop_editing()
+        if editing is not None:  # it replaces the message edited, and what came after it
+            del self.messages[editing:]
+            answer = self._start(backend, (*self.messages, user), (user,), replace_from=editing)
+            await asyncio.sleep(0)
+            await pane.drop_from_last_user(keep_user=False)
+            self.messages.append(user)
+            return pane.add_turn(text, answer)
         earlier = self.history_before_prompt()
         opening: tuple[Message, ...] = (user,)
         if self.summary is None:  # in memory: the store gets it with its first turn
@@ -114,7 +125,7 @@ class Conversation:
         answer = self._start(backend, (*earlier, user), opening, replace_from=None)
         await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
         self.messages.extend(opening)
-        return self._app.query_one(ChatPane).add_turn(text, answer)
+        return pane.add_turn(text, answer)
 
     async def regenerate(self, can_answer: bool) -> AwaitMount | None:
         """Answer the last user message again: its answer (tool rounds and all) goes, on
@@ -134,6 +145,34 @@ class Conversation:
         pane = self._app.query_one(ChatPane)
         await pane.drop_from_last_user(keep_user=True)
         return pane.add_answer(answer)
+
+    def edit_last(self) -> None:
+        """Put the last user message back in the prompt; sending it replaces that message and
+        its answer. Asked again (or on another chat), the prompt is a plain one again."""
+        if self.editing is not None:
+            self._stop_editing()
+            self._app.query_one(PromptInput).clear()
+            return
+        if self.refuse_while_answering():
+            return
+        last = self._last_user()
+        if last is None:
+            self._app.notify("No message to edit yet: ask something first.")
+            return
+        self.editing = last
+        prompt = self._app.query_one(PromptInput)
+        send = shown("prompt.send", PromptInput.BINDINGS)
+        note = f"editing your last message · {send} sends it in its place"
+        prompt.hold_for_edit(
+            self.messages[last].content, f"{note} · {shown('chat.edit_last')} cancels"
+        )
+        prompt.focus()
+
+    def _stop_editing(self) -> None:
+        if self.editing is not None:
+            self.editing = None
+            for prompt in self._app.query(PromptInput):
+                prompt.hold_for_edit("", None)
 
     def _last_user(self) -> int | None:
         """Where the last user message is in the open chat's messages."""
@@ -319,6 +358,7 @@ class Conversation:
     # The history
 
     def new_chat(self) -> None:
+        self._stop_editing()
         self.summary = None
         self.messages = []
         self._app.query_one(ChatPane).remove_children()
@@ -333,6 +373,7 @@ class Conversation:
             self.unsaved.forget(chat_id)
         if self.summary is not None and self.summary.id == chat_id:
             if self.generating:  # the answer finishes on screen, into no chat
+                self._stop_editing()
                 self.summary, self.messages = None, []
             else:
                 self.new_chat()
@@ -351,6 +392,7 @@ class Conversation:
 
     def reopen(self, chat: ChatSummary, stored: list[Message]) -> None:
         """Show `chat`: what the store holds of it, then its turns still waiting to be saved."""
+        self._stop_editing()
         self.summary = chat
         unsaved = self.unsaved
         self.messages = unsaved.apply(chat.id, stored) if unsaved is not None else list(stored)

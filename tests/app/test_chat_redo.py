@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.binding import Binding
+from textual.widgets import TextArea
 
 from engine.generate import CancelToken
 from engine.types import ChatRequest, Chunk
+from exo_tui.app.bindings import CHAT_BINDINGS
 from exo_tui.app.keymap import binding_scopes
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.widgets.chat import AnswerView, StatsLine, UserMessage
@@ -106,6 +109,56 @@ async def test_the_chat_keys_are_in_the_palette_and_help(models_dir: Path) -> No
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.selection.card is not None)
         titles = [command.title for command in app.get_system_commands(app.screen)]
-        assert "Regenerate (Ctrl+G)" in titles
+        assert {"Regenerate (Ctrl+G)", "Edit last message (F8)"} <= set(titles)
         ids = {b.id for b in binding_scopes()["main screen"]}
-        assert "chat.regenerate" in ids
+        assert {"chat.regenerate", "chat.edit_last"} <= ids
+
+
+def test_no_chat_key_is_one_the_prompt_keeps_for_itself() -> None:
+    # The prompt has the focus, and a TextArea's own keys come before the screen's.
+    taken = {
+        key.strip()
+        for binding in TextArea.BINDINGS
+        if isinstance(binding, Binding)
+        for key in binding.key.split(",")
+    }
+    assert taken and not {key for b in CHAT_BINDINGS for key in b.key.split(",")} & taken
+
+
+async def test_edit_the_last_message_and_send_it_again(models_dir: Path) -> None:
+    app = make_app(models_dir)
+    app.conversation.max_tokens = 3
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(app, pilot)
+        await pilot.click(PromptInput)
+        await pilot.press(*"First", "enter")
+        await wait_until(pilot, lambda: answered(app, 3))
+        await pilot.press(*"Secnd", "enter")
+        await wait_until(pilot, lambda: len(app.query(StatsLine)) == 2 and answered(app, 3))
+        await wait_until(pilot, lambda: len(stored_roles(app)) == 5)
+
+        prompt = app.query_one(PromptInput)
+        await pilot.press("f8")
+        await wait_until(pilot, lambda: prompt.text == "Secnd")
+        assert "editing your last message" in str(prompt.border_title)
+        await pilot.press("end", "backspace", "backspace", *"ond", "enter")
+        await wait_until(pilot, lambda: answered(app, 3) and len(app.query(StatsLine)) == 2)
+        users = [str(u.render()) for u in app.query(UserMessage)]
+        assert users == ["First", "Second"]
+        assert len(app.query(AnswerView)) == 2
+        assert not prompt.border_title
+        expected = ["system", "user", "assistant", "user", "assistant"]
+        assert [m.role for m in app.conversation.messages] == expected
+        await wait_until(
+            pilot, lambda: [c for r, c in stored_roles(app) if r == "user"] == ["First", "Second"]
+        )
+        assert [role for role, _ in stored_roles(app)] == expected
+
+        # F8 twice: the prompt is a plain one again, and the next send is a new turn.
+        await pilot.press("f8")
+        await wait_until(pilot, lambda: prompt.text == "Second")
+        await pilot.press("f8")
+        await wait_until(pilot, lambda: prompt.text == "" and not prompt.border_title)
+        await pilot.press(*"Third", "enter")
+        await wait_until(pilot, lambda: len(app.query(StatsLine)) == 3 and answered(app, 3))
+        assert [str(u.render()) for u in app.query(UserMessage)] == ["First", "Second", "Third"]

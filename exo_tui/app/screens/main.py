@@ -179,6 +179,9 @@ class MainScreen(Screen[None]):
         if turn is not None:
             await turn
 
+    def action_edit_last(self) -> None:
+        self._host.conversation.edit_last()
+
     # Models
 
     @work(thread=True, exclusive=True, group="models")

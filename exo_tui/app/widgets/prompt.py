@@ -119,6 +119,15 @@ class PromptInput(TextArea):
         typed = self.text
         self._load(f"{text}\n{typed}" if typed.strip() else text)
 
+    def hold_for_edit(self, text: str, note: str | None) -> None:
+        """Hold `text` to edit, with `note` in the border saying what sending does (None: a
+        plain prompt again). What was typed before stays a step back in the undo history."""
+        if note is None:
+            self.border_title = None
+            return
+        self._load(text)
+        self.border_title = note
+
     def action_newline(self) -> None:
         if not self.read_only:
             start, end = self.selection
