@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
 from engine.loading import run_loading
-from engine.types import ChatRequest, Message, ReasoningChunk, TextChunk
+from engine.types import ChatRequest, DoneChunk, Message, ReasoningChunk, TextChunk
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keys import shown
 from exo_tui.app.messages import HistorySaved, TurnEnded
 from exo_tui.app.pacing import RedrawPacer
+from exo_tui.app.turn_stats import stats_of, turn_stats
 from exo_tui.app.unsaved import UnsavedTurns
 from exo_tui.app.widgets.chat import AnswerView, ChatPane
 from exo_tui.app.widgets.prompt import PromptInput
@@ -31,7 +32,7 @@ from exo_tui.chat.turn import TurnEvent, chat_turn
 from exo_tui.store.chat_errors import ChatStoreError
 from exo_tui.store.chats import ChatStore
 from exo_tui.store.opening import open_chat_store
-from exo_tui.store.records import ChatSummary, new_chat
+from exo_tui.store.records import ChatSummary, StoredMessage, new_chat
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -238,11 +239,15 @@ class Conversation:
         with self._in_flight.running() as allowed:
             if not allowed:
                 return
-            added = ENGINE_THREAD.run(lambda: self.stream_turn(backend, request, answer, cancel))
+            dones: list[DoneChunk] = []
+            added = ENGINE_THREAD.run(
+                lambda: self.stream_turn(backend, request, answer, cancel, dones)
+            )
             # Saved here, not from TurnEnded: a quit mid-answer still saves what was answered;
             # and off the MLX thread, so a store waiting out a lock does not hold up the model.
             if self.unsaved is not None and chat.id not in self._deleted:
-                self.unsaved.add(chat, (*opening, *(added or [])), replace_from)
+                stats = [None] * len(opening) + turn_stats(added or [], dones)
+                self.unsaved.add(chat, (*opening, *(added or [])), replace_from, stats)
                 self._app.post_message(HistorySaved(self.unsaved.save()))
             if added is not None:
                 # While the user reads and types, prefill the history as the next turn will
@@ -251,9 +256,15 @@ class Conversation:
                 ENGINE_THREAD.run(lambda: backend.prefill_next(history))
 
     def stream_turn(
-        self, backend: Backend, request: ChatRequest, answer: AnswerView, cancel: threading.Event
+        self,
+        backend: Backend,
+        request: ChatRequest,
+        answer: AnswerView,
+        cancel: threading.Event,
+        dones: list[DoneChunk],
     ) -> list[Message] | None:
-        """Stream one turn into `answer`; the messages it added, None when it failed."""
+        """Stream one turn into `answer`; the messages it added, None when it failed. Each
+        round's DoneChunk goes into `dones` (the stats lines, stored with the turn)."""
         pending: list[TurnEvent] = []
         pacer = RedrawPacer(self._screen_cpu())
 
@@ -263,6 +274,8 @@ class Conversation:
             # mounted, and a widget outside the DOM cannot take a message from a thread (it
             # finds no app): until it is mounted, everything waits here.
             nonlocal pending
+            if isinstance(event, DoneChunk):
+                dones.append(event)
             coalesce(pending, event)
             now = time.monotonic()
             due = not isinstance(event, TextChunk | ReasoningChunk) or pacer.due(now)
@@ -386,17 +399,21 @@ class Conversation:
         try:
             chats = self.store.list_chats()
             if chats:
-                self.reopen(chats[0], self.store.messages(chats[0].id))
+                self.reopen(chats[0], self.store.entries(chats[0].id))
         except ChatStoreError as error:
             self._app.notify(f"Could not reopen the last chat: {error}", severity="warning")
 
-    def reopen(self, chat: ChatSummary, stored: list[Message]) -> None:
-        """Show `chat`: what the store holds of it, then its turns still waiting to be saved."""
+    def reopen(self, chat: ChatSummary, stored: list[StoredMessage]) -> None:
+        """Show `chat`: what the store holds of it, then its turns still waiting to be saved,
+        each answer with the stats lines it had."""
         self._stop_editing()
         self.summary = chat
-        unsaved = self.unsaved
-        self.messages = unsaved.apply(chat.id, stored) if unsaved is not None else list(stored)
-        self._app.query_one(ChatPane).show_messages(self.messages)
+        entries = [(entry.message, entry.stats) for entry in stored]
+        if self.unsaved is not None:
+            entries = self.unsaved.apply(chat.id, entries)
+        self.messages = [message for message, _ in entries]
+        stats = [stats_of(record) for _, record in entries]
+        self._app.query_one(ChatPane).show_messages(self.messages, stats)
 
     def save_waiting(self) -> None:
         """Try the turns the store refused again."""

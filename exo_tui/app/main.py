@@ -379,7 +379,7 @@ class ExoTuiApp(App[None]):
             if chat is None:
                 return
             try:
-                stored = store.messages(chat.id)
+                stored = store.entries(chat.id)
             except ChatStoreError as error:
                 self.notify(f"Could not open the chat: {error}", severity="error", timeout=10)
                 return

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from engine.types import Frozen, Message
 from exo_tui.store.chat_errors import ChatStoreError, ChatWriteError
 from exo_tui.store.chats import ChatStore
 from exo_tui.store.records import ChatSummary
 
+Stats = dict[str, Any] | None
+
 
 class WaitingTurn(Frozen):
-    """A finished turn to write: ``replace_from`` drops the chat's messages from there first."""
+    """A finished turn to write: each message with its stats; ``replace_from`` drops the chat's
+    messages from there first."""
 
     chat: ChatSummary
     messages: tuple[Message, ...]
+    stats: tuple[Stats, ...] = ()
     replace_from: int | None = None
 
 
@@ -34,13 +39,19 @@ class UnsavedTurns:
         self.problem: str | None = None  # why the last save failed, until one succeeds
 
     def add(
-        self, chat: ChatSummary, messages: Sequence[Message], replace_from: int | None = None
+        self,
+        chat: ChatSummary,
+        messages: Sequence[Message],
+        replace_from: int | None = None,
+        stats: Sequence[Stats] = (),
     ) -> None:
         """Keep a finished turn for saving (a store opened read-only keeps nothing new).
         ``replace_from``: it replaces the chat's messages from that position on."""
         if self._store.read_only or (not messages and replace_from is None):
             return
-        turn = WaitingTurn(chat=chat, messages=tuple(messages), replace_from=replace_from)
+        turn = WaitingTurn(
+            chat=chat, messages=tuple(messages), stats=tuple(stats), replace_from=replace_from
+        )
         with self._lock:
             self._turns.append(turn)
 
@@ -51,7 +62,7 @@ class UnsavedTurns:
                 turn = self._turns[0]
                 try:
                     self._store.append_turn(
-                        turn.chat, turn.messages, replace_from=turn.replace_from
+                        turn.chat, turn.messages, stats=turn.stats, replace_from=turn.replace_from
                     )
                 except ChatWriteError as error:
                     self.problem = f"{error.reason}. {error.fix}"
@@ -74,13 +85,17 @@ class UnsavedTurns:
         with self._lock:
             return sum(len(turn.messages) for turn in self._turns)
 
-    def apply(self, chat_id: str, stored: Sequence[Message]) -> list[Message]:
-        """A chat's messages as they will be once its waiting turns are written over `stored`."""
+    def apply(
+        self, chat_id: str, stored: Sequence[tuple[Message, Stats]]
+    ) -> list[tuple[Message, Stats]]:
+        """A chat's messages and their stats as they will be once its waiting turns are written
+        over `stored`."""
         messages = list(stored)
         with self._lock:
             for turn in self._turns:
                 if turn.chat.id == chat_id:
                     if turn.replace_from is not None:
                         del messages[turn.replace_from :]
-                    messages.extend(turn.messages)
+                    stats = [*turn.stats, *[None] * (len(turn.messages) - len(turn.stats))]
+                    messages.extend(zip(turn.messages, stats, strict=True))
         return messages

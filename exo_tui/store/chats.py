@@ -353,17 +353,26 @@ class ChatStore:
         return position
 
     def append_turn(
-        self, chat: ChatSummary, messages: Sequence[Message], *, replace_from: int | None = None
+        self,
+        chat: ChatSummary,
+        messages: Sequence[Message],
+        *,
+        stats: Sequence[dict[str, Any] | None] = (),
+        replace_from: int | None = None,
     ) -> list[int]:
         """Add a turn's messages at the end of its chat in one transaction: all or none.
 
         The chat is created first if the file does not hold it yet (a chat begun in memory).
+        ``stats``: each message's stats, in order (as ``append``'s; missing ones are None).
         ``replace_from``: drop the chat's messages from this position on first, in the same
         transaction (a regenerated answer, an edited message). Returns the messages' positions.
         """
         if replace_from is not None and replace_from < 0:
             raise ValueError(f"a message position is 0 or more, not {replace_from}")
-        columns = [self._columns(message, None) for message in messages]
+        if len(stats) > len(messages):
+            raise ValueError(f"{len(stats)} stats for {len(messages)} messages")
+        padded = [*stats, *[None] * (len(messages) - len(stats))]
+        columns = [self._columns(m, s) for m, s in zip(messages, padded, strict=True)]
         now = time.time()
         with self._write() as conn:
             conn.execute(

@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from textual.binding import Binding
 from textual.widgets import TextArea
 
-from engine.generate import CancelToken
-from engine.types import ChatRequest, Chunk
 from exo_tui.app.bindings import CHAT_BINDINGS
 from exo_tui.app.keymap import binding_scopes
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.widgets.chat import AnswerView, StatsLine, UserMessage
 from exo_tui.app.widgets.prompt import PromptInput
-from exo_tui.chat.backend import Backend
-from tests.app.helpers import wait_until
+from tests.app.helpers import HeldBackend, wait_until
 from tests.app.test_app import SIZE, launch, make_app
 
 pytestmark = pytest.mark.anyio
@@ -59,22 +53,6 @@ async def test_regenerate_replaces_the_last_answer_on_screen_and_in_the_store(
         new_answer = app.conversation.messages[-1].content
         await wait_until(pilot, lambda: stored_roles(app)[-1] == ("assistant", new_answer))
         assert [role for role, _ in stored_roles(app)] == ["system", "user", "assistant"]
-
-
-class HeldBackend:
-    """The loaded model, held before each answer until the test lets it go: a turn that is
-    answering for as long as the test needs, on any machine."""
-
-    def __init__(self, backend: Backend) -> None:
-        self._backend = backend
-        self.go = threading.Event()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
-
-    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
-        self.go.wait(60)
-        yield from self._backend.generate(request, cancel)
 
 
 async def test_regenerate_is_refused_while_answering_and_with_nothing_asked(

@@ -444,3 +444,17 @@ def _chat(title: str) -> ChatSummary:
     from exo_tui.store.records import new_chat
 
     return new_chat("demo", title=title)
+
+
+def test_a_turn_keeps_each_messages_stats(store: ChatStore) -> None:
+    chat = _chat("Stats")
+    turn = [Message(role="user", content="q"), Message(role="assistant", content="a")]
+    store.append_turn(chat, turn, stats=[None, {"finish_reason": "length"}])
+    assert [entry.stats for entry in store.entries(chat.id)] == [None, {"finish_reason": "length"}]
+    store.append_turn(chat, [Message(role="assistant", content="b")], replace_from=1)
+    assert [(e.message.content, e.stats) for e in store.entries(chat.id)] == [
+        ("q", None),
+        ("b", None),
+    ]
+    with pytest.raises(ValueError, match="3 stats for 1 messages"):
+        store.append_turn(chat, turn[:1], stats=[None, None, None])

@@ -262,19 +262,28 @@ class AnswerView(_SizedByTheLayout, Widget):
             super().__init__()
             self.events = list(events)
 
-    def __init__(self, messages: Sequence[ChatMessage] = ()) -> None:
+    def __init__(
+        self, messages: Sequence[ChatMessage] = (), stats: Sequence[DoneChunk | None] = ()
+    ) -> None:
+        """A finished answer from `messages` (each with its stats line in `stats`, if any), or
+        with none, one to stream."""
         super().__init__()
         self._texts: list[list[str]] = []
         self._part: _StreamedPart | None = None
         self._reasoning: Collapsible | None = None
         self._tools: dict[str, ToolCallView] = {}
-        self._stored: list[Widget] = self._stored_widgets(messages)
+        self._stored: list[Widget] = self._stored_widgets(messages, stats)
         # A streamed answer says it is waiting (and for how long) until its first chunk. It
         # draws that itself while it holds nothing (a widget with nothing to show would show
         # its own name), so the first words replace it in the layout they cost anyway.
         self._wait_started = time.monotonic()
         self._streamed = not messages
         self._stopping: Static | None = None  # "Stopping…", once the user asked
+
+    @classmethod
+    def stored(cls, messages: Sequence[tuple[ChatMessage, DoneChunk | None]]) -> AnswerView:
+        """A finished answer: its messages, each with its stats line or None."""
+        return cls([message for message, _ in messages], [done for _, done in messages])
 
     @property
     def text(self) -> str:
@@ -379,9 +388,12 @@ class AnswerView(_SizedByTheLayout, Widget):
         if part is not None:
             await part.finish()
 
-    def _stored_widgets(self, messages: Sequence[ChatMessage]) -> list[Widget]:
+    def _stored_widgets(
+        self, messages: Sequence[ChatMessage], stats: Sequence[DoneChunk | None]
+    ) -> list[Widget]:
         widgets: list[Widget] = []
-        for message in messages:
+        padded = [*stats, *[None] * (len(messages) - len(stats))]
+        for message, done in zip(messages, padded, strict=False):
             if message.role == "assistant":
                 if message.reasoning:
                     reasoning = AnswerMarkdown(message.reasoning)
@@ -392,6 +404,8 @@ class AnswerView(_SizedByTheLayout, Widget):
                 for call in message.tool_calls:
                     view = self._tools[call.id] = ToolCallView(call.id, call.name, call.arguments)
                     widgets.append(view)
+                if done is not None:
+                    widgets.append(StatsLine(done))
             elif message.role == "tool":
                 call_id = message.tool_call_id or ""
                 view = self._tools.get(call_id)
@@ -399,6 +413,9 @@ class AnswerView(_SizedByTheLayout, Widget):
                     view = self._tools[call_id] = ToolCallView(call_id, message.name or "tool", {})
                     widgets.append(view)
                 view.set_result(message.content, None)
+        for line in widgets[:-1]:  # as `_add` leaves a streamed answer's
+            if isinstance(line, StatsLine):
+                line.add_class("-mid-answer")
         return widgets
 
 
@@ -464,21 +481,25 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         self._hint.display = True
         return self._log.remove_children(selector)
 
-    def show_messages(self, messages: Sequence[ChatMessage]) -> AwaitComplete:
-        """Replace the pane's content with a stored chat (system messages are not shown)."""
+    def show_messages(
+        self, messages: Sequence[ChatMessage], stats: Sequence[DoneChunk | None] = ()
+    ) -> AwaitComplete:
+        """Replace the pane's content with a stored chat (system messages are not shown), each
+        answer with the stats lines in `stats` (one per message, in order; None for none)."""
         widgets: list[Widget] = []
-        answer: list[ChatMessage] = []
-        for message in messages:
+        answer: list[tuple[ChatMessage, DoneChunk | None]] = []
+        padded = [*stats, *[None] * (len(messages) - len(stats))]
+        for message, done in zip(messages, padded, strict=False):
             if message.role in ("assistant", "tool"):
-                answer.append(message)
+                answer.append((message, done))
                 continue
             if answer:
-                widgets.append(AnswerView(answer))
+                widgets.append(AnswerView.stored(answer))
                 answer = []
             if message.role == "user":
                 widgets.append(UserMessage(message.content))
         if answer:
-            widgets.append(AnswerView(answer))
+            widgets.append(AnswerView.stored(answer))
 
         async def show() -> None:
             await self._log.remove_children(self.entries())
