@@ -84,6 +84,14 @@ CHAT_BINDINGS: list[Binding] = [
         show=False,
         tooltip="Put your last message back in the prompt: sending replaces it and its answer",
     ),
+    Binding(
+        "ctrl+f",
+        "chat_settings",
+        "Chat settings",
+        id="chat.settings",
+        show=False,
+        tooltip="This chat's system prompt, temperature (with presets) and max tokens",
+    ),
 ]
 # Not in the palette: the same action as another binding, or one Textual's palette lists.
 PALETTE_SKIPS = frozenset({"app.help_key", "app.quit"})

@@ -29,10 +29,10 @@ from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.backend import Backend
 from exo_tui.chat.tools import ToolRegistry
 from exo_tui.chat.turn import TurnEvent, chat_turn
-from exo_tui.store.chat_errors import ChatStoreError
+from exo_tui.store.chat_errors import ChatNotFoundError, ChatStoreError
 from exo_tui.store.chats import ChatStore
 from exo_tui.store.opening import open_chat_store
-from exo_tui.store.records import ChatSummary, StoredMessage, new_chat
+from exo_tui.store.records import ChatSettings, ChatSummary, StoredMessage, new_chat
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -80,7 +80,7 @@ class Conversation:
         self.summary: ChatSummary | None = None
         self.messages: list[Message] = []
         self.generating = False
-        self.max_tokens = 1024
+        self.settings = ChatSettings()  # the open chat's (a new chat's: the defaults)
         self._cancel = threading.Event()
         self._draft_timer: Timer | None = None
         self._save_problem: str | None = None  # the one the user was last told of
@@ -120,7 +120,7 @@ class Conversation:
         earlier = self.history_before_prompt()
         opening: tuple[Message, ...] = (user,)
         if self.summary is None:  # in memory: the store gets it with its first turn
-            self.summary = new_chat(backend.card.name)
+            self.summary = new_chat(backend.card.name, settings=self.settings)
             self.messages = []
             opening = (*earlier, user)  # the system prompt that opens a chat
         answer = self._start(backend, (*earlier, user), opening, replace_from=None)
@@ -199,8 +199,8 @@ class Conversation:
         request = ChatRequest(
             messages=history,
             tools=self.tools.specs,
-            max_tokens=self.max_tokens,
-            temperature=0.0,
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
         )
         answer = self._answer = AnswerView()
         self.set_generating(True)
@@ -218,10 +218,50 @@ class Conversation:
         )
         return answer
 
+    @property
+    def system_prompt(self) -> str:
+        return self.settings.system_prompt or SYSTEM_PROMPT
+
+    @property
+    def max_tokens(self) -> int:
+        return self.settings.max_tokens
+
+    @max_tokens.setter
+    def max_tokens(self, tokens: int) -> None:
+        self.settings = self.settings.model_copy(update={"max_tokens": tokens})
+
+    def change_settings(self, settings: ChatSettings | None) -> None:
+        """The user saved the chat's settings (None: they cancelled): the next turn follows
+        them, and the store keeps them with the chat."""
+        if settings is None:
+            return
+        self.settings = settings
+        if self.summary is None:
+            return  # a new chat: its first turn writes them
+        self.summary = self.summary.model_copy(update={"settings": settings})
+        opening = None
+        if self.messages and self.messages[0].role == "system":
+            opening = self.system_prompt
+            self.messages[0] = self.messages[0].model_copy(update={"content": opening})
+        try:
+            if self.store is not None:
+                self.store.set_settings(self.summary.id, settings, opening)
+        except ChatNotFoundError:
+            pass  # not written yet: its first turn writes them
+        except ChatStoreError as error:
+            self._app.notify(
+                f"The settings apply here but were not saved: {error}", severity="warning"
+            )
+            return
+        self._app.notify(
+            f"Settings saved: temperature {settings.temperature:g}, "
+            f"answers up to {settings.max_tokens:,} tokens."
+        )
+
     def history_before_prompt(self) -> tuple[Message, ...]:
         """The messages the next prompt follows: a new chat starts with the system prompt."""
         if self.summary is None:
-            return (Message(role="system", content=SYSTEM_PROMPT),)
+            return (Message(role="system", content=self.system_prompt),)
         return tuple(self.messages)
 
     def _generate(
@@ -372,6 +412,7 @@ class Conversation:
 
     def new_chat(self) -> None:
         self._stop_editing()
+        self.settings = ChatSettings()
         self.summary = None
         self.messages = []
         self._app.query_one(ChatPane).remove_children()
@@ -408,6 +449,7 @@ class Conversation:
         each answer with the stats lines it had."""
         self._stop_editing()
         self.summary = chat
+        self.settings = chat.settings
         entries = [(entry.message, entry.stats) for entry in stored]
         if self.unsaved is not None:
             entries = self.unsaved.apply(chat.id, entries)

@@ -35,6 +35,7 @@ def binding_scopes() -> dict[str, list[Binding]]:
     """The bindings that are active together, by where they live: the main screen (the app's
     keys and the prompt's), then each dialog."""
     from exo_tui.app.bindings import APP_BINDINGS, CHAT_BINDINGS
+    from exo_tui.app.screens.chat_settings import ChatSettingsScreen
     from exo_tui.app.screens.chats import ChatsScreen
     from exo_tui.app.screens.download_confirm import DownloadConfirm
     from exo_tui.app.screens.help import HelpScreen
@@ -48,6 +49,7 @@ def binding_scopes() -> dict[str, list[Binding]]:
     return {
         "main screen": [*APP_BINDINGS, *CHAT_BINDINGS, *bindings(PromptInput.BINDINGS)],
         "chats": bindings(ChatsScreen.BINDINGS),
+        "chat settings": bindings(ChatSettingsScreen.BINDINGS),
         "download question": bindings(DownloadConfirm.BINDINGS),
         "help": bindings(HelpScreen.BINDINGS),
         "model picker": bindings(ModelPicker.BINDINGS),

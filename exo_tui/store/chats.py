@@ -35,11 +35,13 @@ from exo_tui.store.export import render_markdown
 from exo_tui.store.records import (
     DEFAULT_TITLE,
     ChatMatch,
+    ChatSettings,
     ChatSummary,
     StoredMessage,
     as_time,
     auto_title,
     new_chat,
+    settings_of,
     snippet,
 )
 from exo_tui.store.schema import (
@@ -245,13 +247,13 @@ class ChatStore:
 
     _SUMMARY_SQL = """
         SELECT c.id, c.title, c.model, c.created_at, c.updated_at,
-               (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id)
+               (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.settings
         FROM chats c
     """
 
     @staticmethod
     def _summary(row: Sequence[Any]) -> ChatSummary:
-        chat_id, title, model, created_at, updated_at, count = row
+        chat_id, title, model, created_at, updated_at, count, settings = row
         return ChatSummary(
             id=chat_id,
             title=title or DEFAULT_TITLE,
@@ -259,6 +261,7 @@ class ChatStore:
             created_at=as_time(created_at),
             updated_at=as_time(updated_at),
             message_count=count,
+            settings=settings_of(settings),
         )
 
     def get_chat(self, chat_id: str) -> ChatSummary:
@@ -300,6 +303,25 @@ class ChatStore:
         with self._write() as conn:
             self._require_chat(conn, chat_id)
             conn.execute("UPDATE chats SET title = ? WHERE id = ?", (clean, chat_id))
+
+    def set_settings(
+        self, chat_id: str, settings: ChatSettings, opening_prompt: str | None = None
+    ) -> None:
+        """Keep a chat's settings. ``opening_prompt``: the system prompt they give, written
+        into the system message that opens the chat, so its history says what the model was
+        told."""
+        with self._write() as conn:
+            self._require_chat(conn, chat_id)
+            conn.execute(
+                "UPDATE chats SET settings = ? WHERE id = ?",
+                (settings.model_dump_json(), chat_id),
+            )
+            if opening_prompt is not None:
+                conn.execute(
+                    "UPDATE messages SET content = ? "
+                    "WHERE chat_id = ? AND position = 0 AND role = 'system'",
+                    (opening_prompt, chat_id),
+                )
 
     def delete(self, chat_id: str) -> None:
         """Delete a chat and all its messages."""
@@ -376,14 +398,15 @@ class ChatStore:
         now = time.time()
         with self._write() as conn:
             conn.execute(
-                "INSERT OR IGNORE INTO chats (id, title, model, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO chats (id, title, model, created_at, updated_at, settings) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (
                     chat.id,
                     None if chat.title == DEFAULT_TITLE else chat.title,
                     chat.model,
                     chat.created_at.timestamp(),
                     chat.created_at.timestamp(),
+                    chat.settings.model_dump_json(),
                 ),
             )
             (title,) = self._require_chat(conn, chat.id)

@@ -51,14 +51,19 @@ class HeldBackend:
     """The loaded model, held before each answer until the test lets it go: a turn that is
     answering for as long as the test needs, on any machine."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, held: bool = True) -> None:
+        """`held` False: it answers at once, and only records the requests."""
         self._backend = backend
         self.go = threading.Event()
+        if not held:
+            self.go.set()
+        self.requests: list[ChatRequest] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        self.requests.append(request)
         while not self.go.wait(0.01):
             if cancel is not None and cancel.is_set():  # stopped, or the app quits
                 break

@@ -342,22 +342,22 @@ def test_migration_hook_runs_new_steps_once(db: Path, store: ChatStore) -> None:
 
     newer = (*MIGRATIONS, add_pinned)
     with ChatStore(db, migrations=newer) as migrated:
-        assert migrated.schema_version == 2
+        assert migrated.schema_version == len(newer)
         assert migrated.messages(chat.id)[0].content == "old"
     with ChatStore(db, migrations=newer):
         pass
     assert runs == [1]
     with sqlite3.connect(db) as raw:
         assert raw.execute("SELECT pinned FROM chats").fetchone() == (0,)
-        assert raw.execute("SELECT version FROM schema_version").fetchone() == (2,)
+        assert raw.execute("SELECT version FROM schema_version").fetchone() == (len(newer),)
 
-    # This version does not know schema 2: the file is kept aside, not overwritten.
+    # This version does not know the newer schema: the file is kept aside, not overwritten.
     opened, notice = open_chat_store(db)
     with opened:
         assert notice is not None and "newer exo-tui" in notice
     assert list(db.parent.glob("chats.db.broken-*")) == []
     with sqlite3.connect(db) as raw:
-        assert raw.execute("SELECT version FROM schema_version").fetchone() == (2,)
+        assert raw.execute("SELECT version FROM schema_version").fetchone() == (len(newer),)
 
 
 def test_a_failing_migration_changes_nothing(db: Path, store: ChatStore) -> None:
@@ -372,7 +372,7 @@ def test_a_failing_migration_changes_nothing(db: Path, store: ChatStore) -> None
     with sqlite3.connect(db) as raw:
         columns = [row[1] for row in raw.execute("PRAGMA table_info(chats)")]
         assert "half" not in columns
-        assert raw.execute("SELECT version FROM schema_version").fetchone() == (1,)
+        assert raw.execute("SELECT version FROM schema_version").fetchone() == (len(MIGRATIONS),)
 
 
 def test_concurrent_appends_from_two_threads(store: ChatStore) -> None:

@@ -30,11 +30,12 @@ from engine.types import LoadProgress, ModelCard, Strategy
 from exo_tui.app import garbage
 from exo_tui.app.bindings import CHAT_BINDINGS
 from exo_tui.app.chat_status import chat_title, empty_hint
-from exo_tui.app.conversation import Conversation
+from exo_tui.app.conversation import SYSTEM_PROMPT, Conversation
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keys import shown
 from exo_tui.app.messages import ClusterChanged, ModelLoaded
+from exo_tui.app.screens.chat_settings import ChatSettingsScreen
 from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.selection import Selection
@@ -181,6 +182,11 @@ class MainScreen(Screen[None]):
 
     def action_edit_last(self) -> None:
         self._host.conversation.edit_last()
+
+    def action_chat_settings(self) -> None:
+        conversation = self._host.conversation
+        dialog = ChatSettingsScreen(conversation.settings, SYSTEM_PROMPT)
+        self.app.push_screen(dialog, conversation.change_settings)
 
     # Models
 

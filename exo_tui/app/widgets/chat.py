@@ -52,7 +52,13 @@ def format_stats(done: DoneChunk) -> str:
     parts = [f"TTFT {stats.ttft_s * 1000:.0f} ms"]
     if usage.completion_tokens > 1:  # one token has a time to it, not a rate
         parts.append(f"{stats.decode_tps:.1f} tok/s")
-    return " · ".join((*parts, tokens, done.finish_reason.replace("_", " ")))
+    ending = done.finish_reason.replace("_", " ")
+    if done.finish_reason == "length":  # the answer did not end: say where, and what lifts it
+        ending = (
+            f"stopped at the {usage.completion_tokens:,}-token cap "
+            f"({shown('chat.settings')} raises it)"
+        )
+    return " · ".join((*parts, tokens, ending))
 
 
 class _SizedByTheLayout:
