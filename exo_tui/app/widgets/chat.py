@@ -15,6 +15,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.css.query import QueryType
 from textual.geometry import Region, Size
+from textual.markup import escape
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import AwaitMount, Widget
@@ -161,8 +162,28 @@ class StatsLine(_SizedByTheLayout, Static):
         self.set_class(done.finish_reason == "cancelled", "-cancelled")
 
 
+class ToolDetails(_SizedByTheLayout, Collapsible):
+    """A tool call's arguments and result, folded to one line until opened (Enter or a click),
+    sized by the layout (see _SizedByTheLayout)."""
+
+    Contents = type("Contents", (_SizedByTheLayout, Collapsible.Contents), {})
+
+
+TOOL_LINE_LENGTH = 72  # the folded card's one line: the call, and what it returned
+
+
+def tool_line(arguments: dict[str, Any], result: str | None) -> str:
+    """The folded card's line: `{"expression": "2+2"} → 4`, cut to one line, as plain text."""
+    line = _compact_json(arguments) + ("" if result is None else f" → {result}")
+    flat = " ".join(line.split())
+    if len(flat) > TOOL_LINE_LENGTH:
+        flat = flat[: TOOL_LINE_LENGTH - 1].rstrip() + "…"
+    return escape(flat)  # a title is read as markup; what a tool returns is not markup
+
+
 class ToolCallView(_SizedByTheLayout, Widget):
-    """One tool call: its name, its arguments, whether it ran, and what it returned."""
+    """One tool call: its name and whether it ran on the border; the call and its result folded
+    to one line, the whole of both when opened."""
 
     DEFAULT_CSS = """
     ToolCallView {
@@ -176,32 +197,52 @@ class ToolCallView(_SizedByTheLayout, Widget):
         &.-ok { border-subtitle-color: $success; }
         &.-error { border: round $error; border-subtitle-color: $error; }
         &.-done { border-subtitle-color: $text-muted; }
-        & > .tool-arguments { color: $text-muted; }
+        & > ToolDetails {
+            border-top: none;
+            padding: 0;
+            background: transparent;
+            & > Contents { padding: 0 0 0 2; }
+            & CollapsibleTitle { padding: 0; }
+        }
+        & .tool-arguments { color: $text-muted; }
     }
     """
 
-    status: reactive[ToolStatus] = reactive[ToolStatus]("running", recompose=True)
-    result: reactive[str | None] = reactive[str | None](None, recompose=True)
+    status: reactive[ToolStatus] = reactive[ToolStatus]("running")
 
     def __init__(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
         super().__init__()
         self.call_id = call_id
         self.tool_name = name
         self.arguments = arguments
+        self.result: str | None = None
         self.border_title = Content(name)
+        self._details = ToolDetails(
+            Static(Content(_compact_json(arguments)), classes="tool-arguments"),
+            title=tool_line(arguments, None),
+            collapsed=True,
+        )
         self._show_status("running")
 
     def compose(self) -> ComposeResult:
-        yield Static(Content(_compact_json(self.arguments)), classes="tool-arguments")
-        if self.result is not None:
-            yield Static(Content(f"→ {self.result}"), classes="tool-result")
+        yield self._details
 
     def set_result(self, content: str, ok: bool | None) -> None:
         """The call ran: `ok` says how; None when a stored chat does not record it."""
         status: ToolStatus = "done" if ok is None else "ok" if ok else "error"
+        first = self.result is None
         self.result = content
         self.status = status
         self._show_status(status)
+        self._details.title = tool_line(self.arguments, content)
+        line = Static(Content(f"→ {content}"), classes="tool-result")
+        if not first:
+            for old in self._details.query(".tool-result"):
+                old.remove()
+        if self._details.is_mounted:
+            self._details.query_one(ToolDetails.Contents).mount(line)
+        else:
+            self._details.compose_add_child(line)
 
     def _show_status(self, status: ToolStatus) -> None:
         self.border_subtitle = "running…" if status == "running" else status
