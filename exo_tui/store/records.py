@@ -68,8 +68,8 @@ class ChatMatch(Frozen):
     snippet: str
 
 
-SNIPPET_BEFORE = 24
-SNIPPET_AFTER = 48
+SNIPPET_BEFORE = 16  # characters of context: enough to read, short enough for a list's column
+SNIPPET_AFTER = 28
 
 
 def snippet(text: str, wanted: str) -> str:

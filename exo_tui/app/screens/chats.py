@@ -1,7 +1,8 @@
 """The chats list: find, reopen, rename, delete and export the stored chats.
 
-Typing filters the list (titles, then what the messages say); the table keeps the focus, so
-the list's own keys (Del, F2, Enter) stay what they are while a filter is typed.
+Typing filters the list (titles, then what the messages say, each chat with the words around
+its first match: a search across chats). The table keeps the focus, so the list's own keys
+(Del, F2, Enter) stay what they are while a filter is typed.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import re
 from pathlib import Path
 
 from rich.markup import escape
+from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -21,7 +23,7 @@ from textual.widgets import DataTable, Input, Label
 from exo_tui.app.keys import shown
 from exo_tui.store.chat_errors import ChatStoreError
 from exo_tui.store.chats import ChatStore
-from exo_tui.store.records import ChatSummary
+from exo_tui.store.records import ChatMatch, ChatSummary
 
 
 def export_chat(store: ChatStore, chat: ChatSummary, folder: Path) -> Path:
@@ -63,6 +65,7 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         self._export_dir = export_dir
         self._open_chat = open_chat
         self._chats: list[ChatSummary] = []
+        self._found: dict[str, ChatMatch] = {}  # chat id -> where its messages say the filter
         self._armed: str | None = None  # the chat a second Del deletes
         self.filter = ""
 
@@ -81,7 +84,7 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("title", "model", "messages", "updated")
+        table.add_columns("title", "model", "messages", "updated", "found")
         self.query_one("#chats-rename", Input).display = False
         self.query_one("#chats-confirm", Label).display = False
         self._fill()
@@ -98,19 +101,30 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
                 chat.model,
                 str(chat.message_count),
                 f"{chat.updated_at.astimezone():%Y-%m-%d %H:%M}",
+                self._snippet(chat),
                 key=chat.id,
             )
+
+    def _snippet(self, chat: ChatSummary) -> Text:
+        """Where the chat's messages say the filter, the words themselves marked."""
+        match = self._found.get(chat.id)
+        if match is None:
+            return Text("")
+        text = Text(match.snippet, style="dim")
+        text.highlight_words([self.filter.strip()], "bold not dim", case_sensitive=False)
+        return text
 
     def _matching(self, chats: list[ChatSummary]) -> list[ChatSummary]:
         """The chats the filter keeps: those it names in their titles first, then those whose
         messages say it (each group latest first)."""
         wanted = " ".join(self.filter.split()).casefold()
+        self._found = {m.chat_id: m for m in self._store.search(self.filter)} if wanted else {}
         if not wanted:
             return chats
         by_title = [chat for chat in chats if wanted in chat.title.casefold()]
-        said = {match.chat_id for match in self._store.search(self.filter)}
         titled = {chat.id for chat in by_title}
-        return by_title + [chat for chat in chats if chat.id in said and chat.id not in titled]
+        said = [chat for chat in chats if chat.id in self._found and chat.id not in titled]
+        return by_title + said
 
     def _show_filter(self) -> None:
         label = self.query_one("#chats-filter", Label)
