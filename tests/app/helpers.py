@@ -48,12 +48,14 @@ async def wait_until(
 
 
 class HeldBackend:
-    """The loaded model, held before each answer until the test lets it go: a turn that is
-    answering for as long as the test needs, on any machine."""
+    """The loaded model, held until the test lets it go (or the turn is stopped): a turn that
+    is answering for as long as the test needs, on any machine."""
 
-    def __init__(self, backend: Backend, held: bool = True) -> None:
-        """`held` False: it answers at once, and only records the requests."""
+    def __init__(self, backend: Backend, held: bool = True, after: int = 0) -> None:
+        """`held` False: it answers at once, and only records the requests. `after`: how many
+        chunks it lets through before it holds."""
         self._backend = backend
+        self._after = after
         self.go = threading.Event()
         if not held:
             self.go.set()
@@ -64,7 +66,13 @@ class HeldBackend:
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         self.requests.append(request)
+        chunks = self._backend.generate(request, cancel)
+        for _ in range(self._after):
+            chunk = next(chunks, None)
+            if chunk is None:
+                return
+            yield chunk
         while not self.go.wait(0.01):
             if cancel is not None and cancel.is_set():  # stopped, or the app quits
                 break
-        yield from self._backend.generate(request, cancel)
+        yield from chunks
