@@ -6,7 +6,7 @@ import pytest
 from textual.widgets._collapsible import CollapsibleTitle
 
 from engine.types import ToolCallChunk, ToolResult
-from exo_tui.app.widgets.chat import ToolCallView, ToolDetails, tool_line
+from exo_tui.app.widgets.tool_card import ToolCallView, ToolDetails, tool_line
 from tests.app.helpers import wait_until
 from tests.app.test_chat_widgets import SIZE, ChatApp, done, start
 

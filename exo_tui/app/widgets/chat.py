@@ -1,11 +1,10 @@
-"""The chat pane: the conversation, answers streamed part by part, tool calls, and the prompt."""
+"""The chat pane: the conversation, and each answer streamed part by part."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Self
+from typing import Literal
 
 from markdown_it import MarkdownIt
 from textual.app import ComposeResult, RenderResult
@@ -14,10 +13,7 @@ from textual.await_remove import AwaitRemove
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.css.query import QueryType
-from textual.geometry import Region, Size
-from textual.markup import escape
 from textual.message import Message
-from textual.reactive import reactive
 from textual.widget import AwaitMount, Widget
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownBlock, MarkdownStream
@@ -33,8 +29,8 @@ from engine.types import (
 )
 from engine.types import Message as ChatMessage
 from exo_tui.app.keys import shown
-
-ToolStatus = Literal["running", "ok", "error", "done"]
+from exo_tui.app.widgets.sized import SizedByTheLayout
+from exo_tui.app.widgets.tool_card import ToolCallView
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -62,56 +58,22 @@ def format_stats(done: DoneChunk) -> str:
     return " · ".join((*parts, tokens, ending))
 
 
-class _SizedByTheLayout:
-    """Takes the size a layout gives it without asking for one more layout.
-
-    When a layout changes a widget's size, Textual sets its virtual size through a reactive
-    that lays out the whole screen again, though the layout that ran has placed (and anchored)
-    everything at the new sizes already: each streamed append to an answer cost two layouts
-    and two repaints of the same region (a scrollbar that shows or hides still asks for one,
-    through its own reactive). The conversation's widgets skip the second.
-
-    Nor before it is mounted: a Markdown block gets its content, and asks for a layout, before
-    it is mounted; mounting lays it out, and the layout it asked for ran once more after that.
-
-    A plain mixin: a Widget subclass would carry Textual's per-class attributes and shadow those
-    of the widget it is mixed into.
-    """
-
-    def refresh(
-        self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False
-    ) -> Self:
-        mounted: bool = self.is_mounted  # type: ignore[attr-defined]
-        refreshed: Self = super().refresh(  # type: ignore[misc]
-            *regions, repaint=repaint, layout=layout and mounted, recompose=recompose
-        )
-        return refreshed
-
-    def _size_updated(
-        self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
-    ) -> bool:
-        updated: bool = super()._size_updated(  # type: ignore[misc]
-            size, virtual_size, container_size, layout=False
-        )
-        return updated
-
-
-class AnswerMarkdown(_SizedByTheLayout, Markdown):
-    """Markdown of an answer, its blocks sized by the layout (see _SizedByTheLayout)."""
+class AnswerMarkdown(SizedByTheLayout, Markdown):
+    """Markdown of an answer, its blocks sized by the layout (see SizedByTheLayout)."""
 
     BLOCKS: dict[str, type[MarkdownBlock]] = {
-        name: type(block.__name__, (_SizedByTheLayout, block), {})
+        name: type(block.__name__, (SizedByTheLayout, block), {})
         for name, block in Markdown.BLOCKS.items()
     }
 
 
-class ReasoningView(_SizedByTheLayout, Collapsible):
-    """An answer's reasoning, collapsible, sized by the layout (see _SizedByTheLayout)."""
+class ReasoningView(SizedByTheLayout, Collapsible):
+    """An answer's reasoning, collapsible, sized by the layout (see SizedByTheLayout)."""
 
-    Contents = type("Contents", (_SizedByTheLayout, Collapsible.Contents), {})
+    Contents = type("Contents", (SizedByTheLayout, Collapsible.Contents), {})
 
 
-class UserMessage(_SizedByTheLayout, Static):
+class UserMessage(SizedByTheLayout, Static):
     """What the user asked, shown as typed (no markup, no Markdown)."""
 
     DEFAULT_CSS = """
@@ -128,7 +90,7 @@ class UserMessage(_SizedByTheLayout, Static):
         self.text = text
 
 
-class ErrorLine(_SizedByTheLayout, Static):
+class ErrorLine(SizedByTheLayout, Static):
     """An error the generation reported."""
 
     DEFAULT_CSS = """
@@ -144,7 +106,7 @@ class ErrorLine(_SizedByTheLayout, Static):
         self.message = message
 
 
-class StatsLine(_SizedByTheLayout, Static):
+class StatsLine(SizedByTheLayout, Static):
     """Timing and token counts of one generation round."""
 
     DEFAULT_CSS = """
@@ -160,98 +122,6 @@ class StatsLine(_SizedByTheLayout, Static):
         super().__init__(Content(format_stats(done)))
         self.done = done
         self.set_class(done.finish_reason == "cancelled", "-cancelled")
-
-
-class ToolDetails(_SizedByTheLayout, Collapsible):
-    """A tool call's arguments and result, folded to one line until opened (Enter or a click),
-    sized by the layout (see _SizedByTheLayout)."""
-
-    Contents = type("Contents", (_SizedByTheLayout, Collapsible.Contents), {})
-
-
-TOOL_LINE_LENGTH = 72  # the folded card's one line: the call, and what it returned
-
-
-def tool_line(arguments: dict[str, Any], result: str | None) -> str:
-    """The folded card's line: `{"expression": "2+2"} → 4`, cut to one line, as plain text."""
-    line = _compact_json(arguments) + ("" if result is None else f" → {result}")
-    flat = " ".join(line.split())
-    if len(flat) > TOOL_LINE_LENGTH:
-        flat = flat[: TOOL_LINE_LENGTH - 1].rstrip() + "…"
-    return escape(flat)  # a title is read as markup; what a tool returns is not markup
-
-
-class ToolCallView(_SizedByTheLayout, Widget):
-    """One tool call: its name and whether it ran on the border; the call and its result folded
-    to one line, the whole of both when opened."""
-
-    DEFAULT_CSS = """
-    ToolCallView {
-        height: auto;
-        margin: 0 1 1 1;
-        padding: 0 1;
-        border: round $secondary;
-        border-title-color: $text;
-        border-title-style: bold;
-        border-subtitle-color: $warning;
-        &.-ok { border-subtitle-color: $success; }
-        &.-error { border: round $error; border-subtitle-color: $error; }
-        &.-done { border-subtitle-color: $text-muted; }
-        & > ToolDetails {
-            border-top: none;
-            padding: 0;
-            background: transparent;
-            & > Contents { padding: 0 0 0 2; }
-            & CollapsibleTitle { padding: 0; }
-        }
-        & .tool-arguments { color: $text-muted; }
-    }
-    """
-
-    status: reactive[ToolStatus] = reactive[ToolStatus]("running")
-
-    def __init__(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
-        super().__init__()
-        self.call_id = call_id
-        self.tool_name = name
-        self.arguments = arguments
-        self.result: str | None = None
-        self.border_title = Content(name)
-        self._details = ToolDetails(
-            Static(Content(_compact_json(arguments)), classes="tool-arguments"),
-            title=tool_line(arguments, None),
-            collapsed=True,
-        )
-        self._show_status("running")
-
-    def compose(self) -> ComposeResult:
-        yield self._details
-
-    def set_result(self, content: str, ok: bool | None) -> None:
-        """The call ran: `ok` says how; None when a stored chat does not record it."""
-        status: ToolStatus = "done" if ok is None else "ok" if ok else "error"
-        first = self.result is None
-        self.result = content
-        self.status = status
-        self._show_status(status)
-        self._details.title = tool_line(self.arguments, content)
-        line = Static(Content(f"→ {content}"), classes="tool-result")
-        if not first:
-            for old in self._details.query(".tool-result"):
-                old.remove()
-        if self._details.is_mounted:
-            self._details.query_one(ToolDetails.Contents).mount(line)
-        else:
-            self._details.compose_add_child(line)
-
-    def _show_status(self, status: ToolStatus) -> None:
-        self.border_subtitle = "running…" if status == "running" else status
-        for name in ("running", "ok", "error", "done"):
-            self.set_class(name == status, f"-{name}")
-
-
-def _compact_json(arguments: dict[str, Any]) -> str:
-    return json.dumps(arguments, ensure_ascii=False, separators=(", ", ": "))
 
 
 class _StreamedPart:
@@ -277,7 +147,7 @@ class _StreamedPart:
         await self.markdown.update("".join(self.pieces))
 
 
-class AnswerView(_SizedByTheLayout, Widget):
+class AnswerView(SizedByTheLayout, Widget):
     """One assistant answer: reasoning, text, tool calls, errors and stats, in arrival order.
 
     Streamed with `feed`, or built finished from stored assistant and tool messages.
@@ -466,11 +336,11 @@ class AnswerView(_SizedByTheLayout, Widget):
         return widgets
 
 
-class _ChatLog(_SizedByTheLayout, Vertical):
+class _ChatLog(SizedByTheLayout, Vertical):
     """The entries of the conversation, one under the other."""
 
 
-class ChatPane(_SizedByTheLayout, VerticalScroll):
+class ChatPane(SizedByTheLayout, VerticalScroll):
     """The conversation. It follows new content only while the view is at the bottom."""
 
     DEFAULT_CSS = """
