@@ -141,6 +141,11 @@ class Conversation:
         if backend is None:
             return None
         del self.messages[last + 1 :]
+        if self.settings.temperature == 0:
+            self._app.notify(
+                f"At temperature 0 the answer comes out the same; {shown('chat.settings')} "
+                "sets a higher one."
+            )
         answer = self._start(backend, tuple(self.messages), (), replace_from=last + 1)
         await asyncio.sleep(0)
         pane = self._app.query_one(ChatPane)
@@ -236,8 +241,13 @@ class Conversation:
         if settings is None:
             return
         self.settings = settings
-        if self.summary is None:
-            return  # a new chat: its first turn writes them
+        saved = (
+            f"Settings saved: temperature {settings.temperature:g}, "
+            f"answers up to {settings.max_tokens:,} tokens."
+        )
+        if self.summary is None:  # a new chat: its first turn writes them
+            self._app.notify(saved)
+            return
         self.summary = self.summary.model_copy(update={"settings": settings})
         opening = None
         if self.messages and self.messages[0].role == "system":
@@ -253,16 +263,14 @@ class Conversation:
                 f"The settings apply here but were not saved: {error}", severity="warning"
             )
             return
-        self._app.notify(
-            f"Settings saved: temperature {settings.temperature:g}, "
-            f"answers up to {settings.max_tokens:,} tokens."
-        )
+        self._app.notify(saved)
 
     def history_before_prompt(self) -> tuple[Message, ...]:
-        """The messages the next prompt follows: a new chat starts with the system prompt."""
+        """The messages the next prompt follows: a new chat starts with the system prompt; an
+        edited message follows what came before the one it replaces."""
         if self.summary is None:
             return (Message(role="system", content=self.system_prompt),)
-        return tuple(self.messages)
+        return tuple(self.messages[: self.editing])
 
     def _generate(
         self,

@@ -46,6 +46,7 @@ async def test_regenerate_replaces_the_last_answer_on_screen_and_in_the_store(
         app.conversation.max_tokens = 6  # a longer answer tells the new one from the old
         await pilot.press("ctrl+g")
         await wait_until(pilot, lambda: answered(app, 6))
+        assert any("At temperature 0" in n.message for n in app._notifications)
         assert first not in app.query(AnswerView)
         assert len(app.query(AnswerView)) == 1 and len(app.query(UserMessage)) == 1
         assert len(app.query(StatsLine)) == 1
