@@ -141,3 +141,17 @@ async def test_edit_the_last_message_and_send_it_again(models_dir: Path) -> None
         await pilot.press(*"Third", "enter")
         await wait_until(pilot, lambda: len(app.query(StatsLine)) == 3 and answered(app, 3))
         assert [str(u.render()) for u in app.query(UserMessage)] == ["First", "Second", "Third"]
+
+
+async def test_the_chat_keys_follow_the_keymap(models_dir: Path, exo_home: Path) -> None:
+    (exo_home / "config").mkdir(parents=True)
+    (exo_home / "config" / "keys.toml").write_text('[keys]\n"chat.regenerate" = "f12"\n')
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(app, pilot)
+        titles = [command.title for command in app.get_system_commands(app.screen)]
+        assert "Regenerate (F12)" in titles
+        await pilot.press("f12")
+        await wait_until(
+            pilot, lambda: any("Nothing to answer again" in n.message for n in app._notifications)
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, RadioButton, RadioSet
 
@@ -62,7 +62,8 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
     def compose(self) -> ComposeResult:
         settings = self._settings
         save, cancel = (shown(f"chat_settings.{n}", self.BINDINGS) for n in ("save", "cancel"))
-        with Vertical(id="chat-settings"):
+        # Scrolls on a small terminal; Tab brings each field into view.
+        with VerticalScroll(id="chat-settings"):
             yield Label(
                 f"This chat's settings  [dim]Enter or {save} saves · {cancel} cancels · "
                 "Tab moves[/]"
