@@ -72,7 +72,7 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
             with RadioSet(id="settings-preset"):
                 for name, heat in PRESETS.items():
                     yield RadioButton(
-                        f"{name} ({heat:g})", value=heat == settings.temperature, name=name
+                        f"{name} {heat:g}", value=heat == settings.temperature, name=name
                     )
             yield Label("System prompt", classes="settings-label")
             prompt = settings.system_prompt or self._default_prompt
