@@ -168,10 +168,9 @@ class Conversation:
         self.editing = last
         prompt = self._app.query_one(PromptInput)
         send = shown("prompt.send", PromptInput.BINDINGS)
-        note = f"editing your last message · {send} sends it in its place"
-        prompt.hold_for_edit(
-            self.messages[last].content, f"{note} · {shown('chat.edit_last')} cancels"
-        )
+        # Short enough for the prompt's border at 80 columns.
+        note = f"{send} replaces your last message · {shown('chat.edit_last')} cancels"
+        prompt.hold_for_edit(self.messages[last].content, note)
         prompt.focus()
 
     def _stop_editing(self) -> None:

@@ -119,7 +119,7 @@ async def test_edit_the_last_message_and_send_it_again(models_dir: Path) -> None
         prompt = app.query_one(PromptInput)
         await pilot.press("f8")
         await wait_until(pilot, lambda: prompt.text == "Secnd")
-        assert "editing your last message" in str(prompt.border_title)
+        assert str(prompt.border_title) == "Enter replaces your last message · F8 cancels"
         await pilot.press("end", "backspace", "backspace", *"ond", "enter")
         await wait_until(pilot, lambda: answered(app, 3) and len(app.query(StatsLine)) == 2)
         users = [str(u.render()) for u in app.query(UserMessage)]
