@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.types import DoneChunk, FinishReason, Message, Stats, ToolCall, Usage
+from exo_tui.app.turn_stats import stats_of, turn_stats
 from exo_tui.app.widgets.chat import AnswerView, StatsLine
 from exo_tui.app.widgets.prompt import PromptInput
 from tests.app.helpers import HeldBackend, wait_until
@@ -40,3 +42,27 @@ async def test_a_reopened_chat_has_its_stats_lines_and_marks_a_turn_stopped_by_q
         assert str(first.render()) == live
         assert not first.has_class("-cancelled")
         assert "cancelled" in str(second.render()) and second.has_class("-cancelled")
+
+
+def test_each_round_s_stats_go_with_the_assistant_message_it_made() -> None:
+    def done(reason: FinishReason, tokens: int) -> DoneChunk:
+        usage = Usage(prompt_tokens=10, completion_tokens=tokens)
+        stats = Stats(ttft_s=0.1, prefill_tps=100.0, decode_tps=20.0, peak_memory_bytes=1)
+        return DoneChunk(finish_reason=reason, usage=usage, stats=stats, token_ids=(1, 2))
+
+    call = ToolCall(id="c1", name="calculator", arguments={"expression": "1+1"})
+    added = [
+        Message(role="assistant", content="", tool_calls=(call,)),
+        Message(role="tool", content="2", tool_call_id="c1", name="calculator"),
+        Message(role="assistant", content="It is 2."),
+    ]
+    first, last = done("tool_calls", 5), done("stop", 4)
+    records = turn_stats(added, [first, last])
+    assert records[1] is None
+    assert "token_ids" not in (records[0] or {})
+    assert [stats_of(r) for r in records] == [
+        first.model_copy(update={"token_ids": ()}),
+        None,
+        last.model_copy(update={"token_ids": ()}),
+    ]
+    assert stats_of({"finish_reason": "from a newer version"}) is None
