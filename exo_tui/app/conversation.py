@@ -255,8 +255,9 @@ class Conversation:
         try:
             if self.store is not None:
                 self.store.set_settings(self.summary.id, settings, opening)
-        except ChatNotFoundError:
-            pass  # not written yet: its first turn writes them
+        except ChatNotFoundError:  # not written yet: its first turn writes them
+            if self.unsaved is not None:
+                self.unsaved.update_chat(self.summary)
         except ChatStoreError as error:
             self._app.notify(
                 f"The settings apply here but were not saved: {error}", severity="warning"

@@ -74,6 +74,15 @@ class UnsavedTurns:
             self.problem = None
             return None
 
+    def update_chat(self, chat: ChatSummary) -> None:
+        """The chat changed (its settings) before the store took it: its waiting turns create
+        it as it is now."""
+        with self._lock:
+            self._turns = [
+                turn.model_copy(update={"chat": chat}) if turn.chat.id == chat.id else turn
+                for turn in self._turns
+            ]
+
     def forget(self, chat_id: str) -> None:
         """Drop the waiting turns of a chat the user deleted."""
         with self._lock:
