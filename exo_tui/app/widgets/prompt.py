@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from textual import on
+from textual import events, on
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import TextArea
@@ -94,6 +94,20 @@ class PromptInput(TextArea):
     def message(self) -> str:
         """What sending now would send (blank lines around it dropped)."""
         return self.text.rstrip().lstrip("\n")
+
+    async def _on_key(self, event: events.Key) -> None:
+        # The prompt's own editing keys (Backspace, the arrows, Home, Up for the history) are
+        # bindings, which run once the key has bubbled up to the app: in a burst, after the
+        # characters queued behind them have landed. Run them here, in the order they came.
+        if not event.is_printable:
+            active = self.screen.active_bindings.get(event.key)
+            if active is not None and active.node is self and not active.binding.priority:
+                event.stop()
+                event.prevent_default()
+                if active.enabled:
+                    await self.run_action(active.binding.action)
+                return
+        await super()._on_key(event)
 
     class _SendNow(Message):
         """Send what the prompt holds once the keys typed before Enter have landed."""
