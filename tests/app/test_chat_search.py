@@ -41,7 +41,7 @@ async def test_a_word_from_an_old_answer_finds_its_chat_with_a_snippet_and_opens
         table = app.screen.query_one(DataTable)
         await pilot.press(*"Degrees")
         await wait_until(pilot, lambda: table.row_count == 1)
-        title, *_, found = (str(cell) for cell in table.get_row_at(0))
+        title, found, *_ = (str(cell) for cell in table.get_row_at(0))
         assert title == "Bread"
         assert "minutes at 220 degrees, then" in found
         await pilot.press("enter")

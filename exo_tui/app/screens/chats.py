@@ -84,7 +84,8 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("title", "model", "messages", "updated", "found")
+        # What the filter found comes next to the title: a narrow terminal clips the right.
+        table.add_columns("title", "found", "model", "messages", "updated")
         self.query_one("#chats-rename", Input).display = False
         self.query_one("#chats-confirm", Label).display = False
         self._fill()
@@ -98,10 +99,10 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         for chat in self._chats:
             table.add_row(
                 f"● {chat.title}" if chat.id == self._open_chat else chat.title,
+                self._snippet(chat),
                 chat.model,
                 str(chat.message_count),
                 f"{chat.updated_at.astimezone():%Y-%m-%d %H:%M}",
-                self._snippet(chat),
                 key=chat.id,
             )
 
