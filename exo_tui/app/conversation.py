@@ -448,7 +448,10 @@ class Conversation:
         try:
             chats = self.store.list_chats()
             if chats:
-                self.reopen(chats[0], self.store.entries(chats[0].id))
+                entries = self.store.entries(chats[0].id)
+                # After the screen's first layout: an answer shown before it kept the height it
+                # had before its Markdown was parsed, and what followed its text went undrawn.
+                self._app.call_after_refresh(self.reopen, chats[0], entries)
         except ChatStoreError as error:
             self._app.notify(f"Could not reopen the last chat: {error}", severity="warning")
 

@@ -39,6 +39,11 @@ async def test_a_reopened_chat_has_its_stats_lines_and_marks_a_turn_stopped_by_q
     async with again.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: len(again.query(StatsLine)) == 2)
         first, second = again.query(StatsLine)
+        # Drawn: each stats line lies inside its answer (outside it, it is never painted).
+        for line in (first, second):
+            await wait_until(pilot, lambda line=line: line.region.height > 0)
+            answer = next(a for a in line.ancestors if isinstance(a, AnswerView))
+            assert answer.region.contains_region(line.region), (answer.region, line.region)
         assert str(first.render()) == live
         assert not first.has_class("-cancelled")
         assert "cancelled" in str(second.render()) and second.has_class("-cancelled")
