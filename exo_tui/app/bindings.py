@@ -65,5 +65,33 @@ APP_BINDINGS: list[Binding] = [
     ),
     Binding("question_mark", "help", "Help", id="app.help_key", show=False),
 ]
+# The chat's own keys: the main screen's, so no dialog on top of it takes them. Out of the
+# footer (the newcomer's keys keep its room); the palette and Help list them.
+CHAT_BINDINGS: list[Binding] = [
+    Binding(
+        "ctrl+g",
+        "regenerate",
+        "Regenerate",
+        id="chat.regenerate",
+        show=False,
+        tooltip="Answer the last message again, in place of its answer",
+    ),
+    Binding(
+        "f8",  # the prompt (a TextArea) holds F6 and F7
+        "edit_last",
+        "Edit last message",
+        id="chat.edit_last",
+        show=False,
+        tooltip="Put your last message back in the prompt: sending replaces it and its answer",
+    ),
+    Binding(
+        "ctrl+f",
+        "chat_settings",
+        "Chat settings",
+        id="chat.settings",
+        show=False,
+        tooltip="This chat's system prompt, temperature (with presets) and max tokens",
+    ),
+]
 # Not in the palette: the same action as another binding, or one Textual's palette lists.
 PALETTE_SKIPS = frozenset({"app.help_key", "app.quit"})

@@ -16,22 +16,23 @@ from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
 from engine.loading import run_loading
-from engine.types import ChatRequest, Message, ReasoningChunk, TextChunk
+from engine.types import ChatRequest, DoneChunk, Message, ReasoningChunk, TextChunk
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keys import shown
 from exo_tui.app.messages import HistorySaved, TurnEnded
 from exo_tui.app.pacing import RedrawPacer
+from exo_tui.app.turn_stats import stats_of, turn_stats
 from exo_tui.app.unsaved import UnsavedTurns
 from exo_tui.app.widgets.chat import AnswerView, ChatPane
 from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.backend import Backend
 from exo_tui.chat.tools import ToolRegistry
 from exo_tui.chat.turn import TurnEvent, chat_turn
-from exo_tui.store.chat_errors import ChatStoreError
+from exo_tui.store.chat_errors import ChatNotFoundError, ChatStoreError
 from exo_tui.store.chats import ChatStore
 from exo_tui.store.opening import open_chat_store
-from exo_tui.store.records import ChatSummary, new_chat
+from exo_tui.store.records import ChatSettings, ChatSummary, StoredMessage, new_chat
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -64,24 +65,28 @@ class Conversation:
         tools: ToolRegistry,
         in_flight: WorkInFlight,
         screen_cpu: Callable[[], Callable[[], float] | None],
+        generation_changed: Callable[[bool], None] = lambda generating: None,
     ) -> None:
-        """`screen_cpu`: the screen thread's CPU clock (known once the app is mounted)."""
+        """`screen_cpu`: the screen thread's CPU clock (known once the app is mounted);
+        `generation_changed`: told when an answer starts and when it ends."""
         self._app = app
         self.tools = tools
         self._in_flight = in_flight
         self._screen_cpu = screen_cpu
+        self._generation_changed = generation_changed
         self.backend: Backend | None = None
         self.store: ChatStore | None = None
         self.unsaved: UnsavedTurns | None = None
         self.summary: ChatSummary | None = None
         self.messages: list[Message] = []
         self.generating = False
-        self.max_tokens = 1024
+        self.settings = ChatSettings()  # the open chat's (a new chat's: the defaults)
         self._cancel = threading.Event()
         self._draft_timer: Timer | None = None
         self._save_problem: str | None = None  # the one the user was last told of
         self._answer: AnswerView | None = None  # the answer streaming, or the last one
         self._deleted: set[str] = set()  # chats deleted while open: a late turn is not saved
+        self.editing: int | None = None  # the user message the prompt holds to send again
 
     def open_store(self, chat_db: Path | None) -> str | None:
         """Open the history; a notice for the user, if the store has one."""
@@ -95,47 +100,177 @@ class Conversation:
     async def submit(self, text: str, can_answer: bool) -> AwaitMount | None:
         """Answer `text`: the turn going on screen; None (and a word to the user) when nothing
         can answer it now. `can_answer`: whether the backend's instance still runs."""
-        backend = self.backend
-        if backend is None or not can_answer:
-            self._app.notify(f"Launch a model first ({shown('app.launch')}).", severity="warning")
+        backend = self._backend_for_turn(can_answer)
+        if backend is None:
             return None
         if self.generating:
             self._app.notify(f"Still answering; {shown('app.stop')} stops it.")
             return None
-        # The engine starts first: storing the turn and putting it on screen overlap its prefill.
         user = Message(role="user", content=text)
+        pane = self._app.query_one(ChatPane)
+        editing = self.editing
+        self._stop_editing()
+        if editing is not None:  # it replaces the message edited, and what came after it
+            del self.messages[editing:]
+            answer = self._start(backend, (*self.messages, user), (user,), replace_from=editing)
+            await asyncio.sleep(0)
+            await pane.drop_from_last_user(keep_user=False)
+            self.messages.append(user)
+            return pane.add_turn(text, answer)
         earlier = self.history_before_prompt()
+        opening: tuple[Message, ...] = (user,)
+        if self.summary is None:  # in memory: the store gets it with its first turn
+            self.summary = new_chat(backend.card.name, settings=self.settings)
+            self.messages = []
+            opening = (*earlier, user)  # the system prompt that opens a chat
+        answer = self._start(backend, (*earlier, user), opening, replace_from=None)
+        await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
+        self.messages.extend(opening)
+        return pane.add_turn(text, answer)
+
+    async def regenerate(self, can_answer: bool) -> AwaitMount | None:
+        """Answer the last user message again: its answer (tool rounds and all) goes, on
+        screen and in the store, for the new one. None when it cannot be done now."""
+        if self.refuse_while_answering():
+            return None
+        last = self._last_user()
+        if last is None:
+            self._app.notify("Nothing to answer again yet: ask something first.")
+            return None
+        backend = self._backend_for_turn(can_answer)
+        if backend is None:
+            return None
+        del self.messages[last + 1 :]
+        if self.settings.temperature == 0:
+            self._app.notify(
+                f"At temperature 0 the answer comes out the same; {shown('chat.settings')} "
+                "sets a higher one."
+            )
+        answer = self._start(backend, tuple(self.messages), (), replace_from=last + 1)
+        await asyncio.sleep(0)
+        pane = self._app.query_one(ChatPane)
+        await pane.drop_from_last_user(keep_user=True)
+        return pane.add_answer(answer)
+
+    def edit_last(self) -> None:
+        """Put the last user message back in the prompt; sending it replaces that message and
+        its answer. Asked again (or on another chat), the prompt is a plain one again."""
+        if self.editing is not None:
+            self._stop_editing()
+            self._app.query_one(PromptInput).clear()
+            return
+        if self.refuse_while_answering():
+            return
+        last = self._last_user()
+        if last is None:
+            self._app.notify("No message to edit yet: ask something first.")
+            return
+        self.editing = last
+        prompt = self._app.query_one(PromptInput)
+        send = shown("prompt.send", PromptInput.BINDINGS)
+        # Short enough for the prompt's border at 80 columns.
+        note = f"{send} replaces your last message · {shown('chat.edit_last')} cancels"
+        prompt.hold_for_edit(self.messages[last].content, note)
+        prompt.focus()
+
+    def _stop_editing(self) -> None:
+        if self.editing is not None:
+            self.editing = None
+            for prompt in self._app.query(PromptInput):
+                prompt.hold_for_edit("", None)
+
+    def _last_user(self) -> int | None:
+        """Where the last user message is in the open chat's messages."""
+        users = [i for i, message in enumerate(self.messages) if message.role == "user"]
+        return users[-1] if users and self.summary is not None else None
+
+    def _backend_for_turn(self, can_answer: bool) -> Backend | None:
+        if self.backend is None or not can_answer:
+            self._app.notify(f"Launch a model first ({shown('app.launch')}).", severity="warning")
+            return None
+        return self.backend
+
+    def _start(
+        self,
+        backend: Backend,
+        history: tuple[Message, ...],
+        opening: tuple[Message, ...],
+        replace_from: int | None,
+    ) -> AnswerView:
+        """Start answering the last message of `history` in a worker: the engine starts first,
+        so storing the turn and putting it on screen overlap its prefill. The store gets
+        `opening` and what the answer adds, from `replace_from` on when it is given."""
         request = ChatRequest(
-            messages=(*earlier, user),
+            messages=history,
             tools=self.tools.specs,
-            max_tokens=self.max_tokens,
-            temperature=0.0,
+            max_tokens=self.settings.max_tokens,
+            temperature=self.settings.temperature,
         )
         answer = self._answer = AnswerView()
         self.set_generating(True)
         cancel = self._cancel = threading.Event()
         backend.stop_prefill()  # stop prefilling for this turn: it is here
-        opening: tuple[Message, ...] = (user,)
-        if self.summary is None:  # in memory: the store gets it with its first turn
-            self.summary = new_chat(backend.card.name)
-            self.messages = []
-            opening = (*earlier, user)  # the system prompt that opens a chat
+        assert self.summary is not None
         summary = self.summary
         self._app.run_worker(
-            lambda: self._generate(backend, request, answer, cancel, summary, opening),
+            lambda: self._generate(
+                backend, request, answer, cancel, summary, opening, replace_from
+            ),
             name="_generate",
             group="chat",
             thread=True,
         )
-        await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
-        self.messages.extend(opening)
-        return self._app.query_one(ChatPane).add_turn(text, answer)
+        return answer
+
+    @property
+    def system_prompt(self) -> str:
+        return self.settings.system_prompt or SYSTEM_PROMPT
+
+    @property
+    def max_tokens(self) -> int:
+        return self.settings.max_tokens
+
+    @max_tokens.setter
+    def max_tokens(self, tokens: int) -> None:
+        self.settings = self.settings.model_copy(update={"max_tokens": tokens})
+
+    def change_settings(self, settings: ChatSettings | None) -> None:
+        """The user saved the chat's settings (None: they cancelled): the next turn follows
+        them, and the store keeps them with the chat."""
+        if settings is None:
+            return
+        self.settings = settings
+        saved = (
+            f"Settings saved: temperature {settings.temperature:g}, "
+            f"answers up to {settings.max_tokens:,} tokens."
+        )
+        if self.summary is None:  # a new chat: its first turn writes them
+            self._app.notify(saved)
+            return
+        self.summary = self.summary.model_copy(update={"settings": settings})
+        opening = None
+        if self.messages and self.messages[0].role == "system":
+            opening = self.system_prompt
+            self.messages[0] = self.messages[0].model_copy(update={"content": opening})
+        try:
+            if self.store is not None:
+                self.store.set_settings(self.summary.id, settings, opening)
+        except ChatNotFoundError:  # not written yet: its first turn writes them
+            if self.unsaved is not None:
+                self.unsaved.update_chat(self.summary)
+        except ChatStoreError as error:
+            self._app.notify(
+                f"The settings apply here but were not saved: {error}", severity="warning"
+            )
+            return
+        self._app.notify(saved)
 
     def history_before_prompt(self) -> tuple[Message, ...]:
-        """The messages the next prompt follows: a new chat starts with the system prompt."""
+        """The messages the next prompt follows: a new chat starts with the system prompt; an
+        edited message follows what came before the one it replaces."""
         if self.summary is None:
-            return (Message(role="system", content=SYSTEM_PROMPT),)
-        return tuple(self.messages)
+            return (Message(role="system", content=self.system_prompt),)
+        return tuple(self.messages[: self.editing])
 
     def _generate(
         self,
@@ -145,16 +280,22 @@ class Conversation:
         cancel: threading.Event,
         chat: ChatSummary,
         opening: tuple[Message, ...],
+        replace_from: int | None,
     ) -> None:
-        """Answer, save the turn (`opening` and what the answer added), then prefill the next."""
+        """Answer, save the turn (`opening` and what the answer added, from `replace_from` on),
+        then prefill the next."""
         with self._in_flight.running() as allowed:
             if not allowed:
                 return
-            added = ENGINE_THREAD.run(lambda: self.stream_turn(backend, request, answer, cancel))
+            dones: list[DoneChunk] = []
+            added = ENGINE_THREAD.run(
+                lambda: self.stream_turn(backend, request, answer, cancel, dones)
+            )
             # Saved here, not from TurnEnded: a quit mid-answer still saves what was answered;
             # and off the MLX thread, so a store waiting out a lock does not hold up the model.
             if self.unsaved is not None and chat.id not in self._deleted:
-                self.unsaved.add(chat, (*opening, *(added or [])))
+                stats = [None] * len(opening) + turn_stats(added or [], dones)
+                self.unsaved.add(chat, (*opening, *(added or [])), replace_from, stats)
                 self._app.post_message(HistorySaved(self.unsaved.save()))
             if added is not None:
                 # While the user reads and types, prefill the history as the next turn will
@@ -163,9 +304,15 @@ class Conversation:
                 ENGINE_THREAD.run(lambda: backend.prefill_next(history))
 
     def stream_turn(
-        self, backend: Backend, request: ChatRequest, answer: AnswerView, cancel: threading.Event
+        self,
+        backend: Backend,
+        request: ChatRequest,
+        answer: AnswerView,
+        cancel: threading.Event,
+        dones: list[DoneChunk],
     ) -> list[Message] | None:
-        """Stream one turn into `answer`; the messages it added, None when it failed."""
+        """Stream one turn into `answer`; the messages it added, None when it failed. Each
+        round's DoneChunk goes into `dones` (the stats lines, stored with the turn)."""
         pending: list[TurnEvent] = []
         pacer = RedrawPacer(self._screen_cpu())
 
@@ -175,6 +322,8 @@ class Conversation:
             # mounted, and a widget outside the DOM cannot take a message from a thread (it
             # finds no app): until it is mounted, everything waits here.
             nonlocal pending
+            if isinstance(event, DoneChunk):
+                dones.append(event)
             coalesce(pending, event)
             now = time.monotonic()
             due = not isinstance(event, TextChunk | ReasoningChunk) or pacer.due(now)
@@ -218,7 +367,9 @@ class Conversation:
         return self.generating
 
     def set_generating(self, generating: bool) -> None:
-        self.generating = generating
+        changed, self.generating = generating != self.generating, generating
+        if changed:
+            self._generation_changed(generating)
         # A steady cursor while an answer streams: every blink redraws the prompt, and on a
         # small machine the engine pays for each redraw (the same cores, the same GIL).
         for prompt in self._app.query(PromptInput):  # none while the app shuts down
@@ -268,6 +419,8 @@ class Conversation:
     # The history
 
     def new_chat(self) -> None:
+        self._stop_editing()
+        self.settings = ChatSettings()
         self.summary = None
         self.messages = []
         self._app.query_one(ChatPane).remove_children()
@@ -282,6 +435,7 @@ class Conversation:
             self.unsaved.forget(chat_id)
         if self.summary is not None and self.summary.id == chat_id:
             if self.generating:  # the answer finishes on screen, into no chat
+                self._stop_editing()
                 self.summary, self.messages = None, []
             else:
                 self.new_chat()
@@ -294,16 +448,25 @@ class Conversation:
         try:
             chats = self.store.list_chats()
             if chats:
-                self.reopen(chats[0], self.store.messages(chats[0].id))
+                entries = self.store.entries(chats[0].id)
+                # After the screen's first layout: an answer shown before it kept the height it
+                # had before its Markdown was parsed, and what followed its text went undrawn.
+                self._app.call_after_refresh(self.reopen, chats[0], entries)
         except ChatStoreError as error:
             self._app.notify(f"Could not reopen the last chat: {error}", severity="warning")
 
-    def reopen(self, chat: ChatSummary, stored: list[Message]) -> None:
-        """Show `chat`: what the store holds of it, then its turns still waiting to be saved."""
+    def reopen(self, chat: ChatSummary, stored: list[StoredMessage]) -> None:
+        """Show `chat`: what the store holds of it, then its turns still waiting to be saved,
+        each answer with the stats lines it had."""
+        self._stop_editing()
         self.summary = chat
-        waiting = self.unsaved.of(chat.id) if self.unsaved is not None else []
-        self.messages = [*stored, *waiting]
-        self._app.query_one(ChatPane).show_messages(self.messages)
+        self.settings = chat.settings
+        entries = [(entry.message, entry.stats) for entry in stored]
+        if self.unsaved is not None:
+            entries = self.unsaved.apply(chat.id, entries)
+        self.messages = [message for message, _ in entries]
+        stats = [stats_of(record) for _, record in entries]
+        self._app.query_one(ChatPane).show_messages(self.messages, stats)
 
     def save_waiting(self) -> None:
         """Try the turns the store refused again."""

@@ -34,7 +34,8 @@ class KeymapError(Exception):
 def binding_scopes() -> dict[str, list[Binding]]:
     """The bindings that are active together, by where they live: the main screen (the app's
     keys and the prompt's), then each dialog."""
-    from exo_tui.app.bindings import APP_BINDINGS
+    from exo_tui.app.bindings import APP_BINDINGS, CHAT_BINDINGS
+    from exo_tui.app.screens.chat_settings import ChatSettingsScreen
     from exo_tui.app.screens.chats import ChatsScreen
     from exo_tui.app.screens.download_confirm import DownloadConfirm
     from exo_tui.app.screens.help import HelpScreen
@@ -47,8 +48,9 @@ def binding_scopes() -> dict[str, list[Binding]]:
         return [item for item in items if isinstance(item, Binding)]
 
     return {
-        "main screen": [*APP_BINDINGS, *bindings(PromptInput.BINDINGS)],
+        "main screen": [*APP_BINDINGS, *CHAT_BINDINGS, *bindings(PromptInput.BINDINGS)],
         "chats": bindings(ChatsScreen.BINDINGS),
+        "chat settings": bindings(ChatSettingsScreen.BINDINGS),
         "download question": bindings(DownloadConfirm.BINDINGS),
         "help": bindings(HelpScreen.BINDINGS),
         "model picker": bindings(ModelPicker.BINDINGS),

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from textual.binding import Binding, BindingType
 
-from exo_tui.app.bindings import APP_BINDINGS
+from exo_tui.app.bindings import APP_BINDINGS, CHAT_BINDINGS
 
 _remapped: dict[str, str] = {}  # binding id -> keys, as the app applied them
 NAMES = {
@@ -41,7 +41,9 @@ def keys_of(binding: Binding, keymap: Mapping[str, str] | None = None) -> str:
     return (_remapped if keymap is None else keymap).get(binding.id or "", binding.key)
 
 
-def shown(binding_id: str, bindings: Iterable[BindingType] = APP_BINDINGS) -> str:
+def shown(
+    binding_id: str, bindings: Iterable[BindingType] = (*APP_BINDINGS, *CHAT_BINDINGS)
+) -> str:
     """The first key of the binding `binding_id` among `bindings`, as the user has it now."""
     binding = next((b for b in bindings if isinstance(b, Binding) and b.id == binding_id), None)
     if binding is None:

@@ -27,7 +27,7 @@ from engine.errors import EngineError
 from engine.generate import wait_for_streams
 from exo_tui.app import garbage
 from exo_tui.app.api_service import ApiService
-from exo_tui.app.bindings import APP_BINDINGS, PALETTE_SKIPS
+from exo_tui.app.bindings import APP_BINDINGS, CHAT_BINDINGS, PALETTE_SKIPS
 from exo_tui.app.conversation import Conversation
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.failures import cluster_failure
@@ -118,7 +118,9 @@ class ExoTuiApp(App[None]):
         self._switch_interval = sys.getswitchinterval()  # put back when the app ends
         self._screen_cpu: Callable[[], float] | None = None  # paces streamed text (on mount)
         tools = builtin_registry(lambda: cluster_summary(self.state, self._model_name()))
-        self.conversation = Conversation(self, tools, self._in_flight, lambda: self._screen_cpu)
+        self.conversation = Conversation(
+            self, tools, self._in_flight, lambda: self._screen_cpu, self._generation_changed
+        )
         offered = tuple(catalogue) if catalogue is not None else load_catalogue()
         self.main = MainScreen(self, models_dirs, bundled, offered, model, load, load_demo, api)
 
@@ -240,13 +242,15 @@ class ExoTuiApp(App[None]):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        for binding in APP_BINDINGS:
-            if binding.id and binding.id not in PALETTE_SKIPS:
-                yield SystemCommand(
-                    f"{binding.description} ({shown(binding.id)})",
-                    binding.tooltip or binding.description,
-                    getattr(self, f"action_{binding.action}"),
-                )
+        # The chat's keys are the main screen's: what they do needs the chat on screen.
+        for target, bindings in ((self, APP_BINDINGS), (self.main, CHAT_BINDINGS)):
+            for binding in bindings:
+                if binding.id and binding.id not in PALETTE_SKIPS:
+                    yield SystemCommand(
+                        f"{binding.description} ({shown(binding.id)})",
+                        binding.tooltip or binding.description,
+                        getattr(target, f"action_{binding.action}"),
+                    )
 
     # State
 
@@ -333,8 +337,6 @@ class ExoTuiApp(App[None]):
         if turn is None:  # refused: the text goes back into the prompt, nothing is lost
             event.prompt_input.give_back(event.text)
             return
-        for node_id in self._serving_nodes():
-            self.dispatch(GenerationStarted(node_id=node_id))
         await turn
 
     @on(ChatsScreen.Deleted)
@@ -345,16 +347,19 @@ class ExoTuiApp(App[None]):
     def _draft_changed(self, event: PromptInput.Changed) -> None:
         self.conversation.draft_changed(self.query_one(PromptInput).message)
 
-    def _serving_nodes(self) -> tuple[str, ...]:
-        """The nodes that run the model: those of the instance, or this one."""
+    def _generation_changed(self, generating: bool) -> None:
+        """An answer started or ended on the nodes that run the model: those of the instance,
+        or this one."""
         instance = self.state.instance
-        return instance.placement.node_ids if instance is not None else (self.local_id,)
+        nodes = instance.placement.node_ids if instance is not None else (self.local_id,)
+        for node_id in nodes:
+            self.dispatch(
+                (GenerationStarted if generating else GenerationFinished)(node_id=node_id)
+            )
 
     @on(TurnEnded)
     def _turn_ended(self, message: TurnEnded) -> None:
         self.conversation.turn_ended(message)
-        for node_id in self._serving_nodes():
-            self.dispatch(GenerationFinished(node_id=node_id))
 
     @on(HistorySaved)
     def _history_saved(self, message: HistorySaved) -> None:
@@ -381,7 +386,7 @@ class ExoTuiApp(App[None]):
             if chat is None:
                 return
             try:
-                stored = store.messages(chat.id)
+                stored = store.entries(chat.id)
             except ChatStoreError as error:
                 self.notify(f"Could not open the chat: {error}", severity="error", timeout=10)
                 return

@@ -9,11 +9,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
-from engine.types import Message
+from engine.types import Frozen, Message
 from exo_tui.store.chat_errors import ChatStoreError, ChatWriteError
 from exo_tui.store.chats import ChatStore
 from exo_tui.store.records import ChatSummary
+
+Stats = dict[str, Any] | None
+
+
+class WaitingTurn(Frozen):
+    """A finished turn to write: each message with its stats; ``replace_from`` drops the chat's
+    messages from there first."""
+
+    chat: ChatSummary
+    messages: tuple[Message, ...]
+    stats: tuple[Stats, ...] = ()
+    replace_from: int | None = None
 
 
 class UnsavedTurns:
@@ -22,23 +35,35 @@ class UnsavedTurns:
     def __init__(self, store: ChatStore) -> None:
         self._store = store
         self._lock = threading.Lock()
-        self._turns: list[tuple[ChatSummary, tuple[Message, ...]]] = []
+        self._turns: list[WaitingTurn] = []
         self.problem: str | None = None  # why the last save failed, until one succeeds
 
-    def add(self, chat: ChatSummary, messages: Sequence[Message]) -> None:
-        """Keep a finished turn for saving (a store opened read-only keeps nothing new)."""
-        if self._store.read_only or not messages:
+    def add(
+        self,
+        chat: ChatSummary,
+        messages: Sequence[Message],
+        replace_from: int | None = None,
+        stats: Sequence[Stats] = (),
+    ) -> None:
+        """Keep a finished turn for saving (a store opened read-only keeps nothing new).
+        ``replace_from``: it replaces the chat's messages from that position on."""
+        if self._store.read_only or (not messages and replace_from is None):
             return
+        turn = WaitingTurn(
+            chat=chat, messages=tuple(messages), stats=tuple(stats), replace_from=replace_from
+        )
         with self._lock:
-            self._turns.append((chat, tuple(messages)))
+            self._turns.append(turn)
 
     def save(self) -> str | None:
         """Write every waiting turn; None when all are in, else why not (they stay here)."""
         with self._lock:
             while self._turns:
-                chat, messages = self._turns[0]
+                turn = self._turns[0]
                 try:
-                    self._store.append_turn(chat, messages)
+                    self._store.append_turn(
+                        turn.chat, turn.messages, stats=turn.stats, replace_from=turn.replace_from
+                    )
                 except ChatWriteError as error:
                     self.problem = f"{error.reason}. {error.fix}"
                     return self.problem
@@ -49,18 +74,37 @@ class UnsavedTurns:
             self.problem = None
             return None
 
+    def update_chat(self, chat: ChatSummary) -> None:
+        """The chat changed (its settings) before the store took it: its waiting turns create
+        it as it is now."""
+        with self._lock:
+            self._turns = [
+                turn.model_copy(update={"chat": chat}) if turn.chat.id == chat.id else turn
+                for turn in self._turns
+            ]
+
     def forget(self, chat_id: str) -> None:
         """Drop the waiting turns of a chat the user deleted."""
         with self._lock:
-            self._turns = [turn for turn in self._turns if turn[0].id != chat_id]
+            self._turns = [turn for turn in self._turns if turn.chat.id != chat_id]
 
     @property
     def waiting(self) -> int:
         """How many messages wait to be saved."""
         with self._lock:
-            return sum(len(messages) for _, messages in self._turns)
+            return sum(len(turn.messages) for turn in self._turns)
 
-    def of(self, chat_id: str) -> list[Message]:
-        """The messages of a chat that wait to be saved, in order."""
+    def apply(
+        self, chat_id: str, stored: Sequence[tuple[Message, Stats]]
+    ) -> list[tuple[Message, Stats]]:
+        """A chat's messages and their stats as they will be once its waiting turns are written
+        over `stored`."""
+        messages = list(stored)
         with self._lock:
-            return [m for chat, messages in self._turns if chat.id == chat_id for m in messages]
+            for turn in self._turns:
+                if turn.chat.id == chat_id:
+                    if turn.replace_from is not None:
+                        del messages[turn.replace_from :]
+                    stats = [*turn.stats, *[None] * (len(turn.messages) - len(turn.stats))]
+                    messages.extend(zip(turn.messages, stats, strict=True))
+        return messages

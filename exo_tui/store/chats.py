@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -33,11 +34,15 @@ from exo_tui.store.chat_errors import (
 from exo_tui.store.export import render_markdown
 from exo_tui.store.records import (
     DEFAULT_TITLE,
+    ChatMatch,
+    ChatSettings,
     ChatSummary,
     StoredMessage,
     as_time,
     auto_title,
     new_chat,
+    settings_of,
+    snippet,
 )
 from exo_tui.store.schema import (
     BUSY_TIMEOUT_S,
@@ -242,13 +247,13 @@ class ChatStore:
 
     _SUMMARY_SQL = """
         SELECT c.id, c.title, c.model, c.created_at, c.updated_at,
-               (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id)
+               (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.settings
         FROM chats c
     """
 
     @staticmethod
     def _summary(row: Sequence[Any]) -> ChatSummary:
-        chat_id, title, model, created_at, updated_at, count = row
+        chat_id, title, model, created_at, updated_at, count, settings = row
         return ChatSummary(
             id=chat_id,
             title=title or DEFAULT_TITLE,
@@ -256,6 +261,7 @@ class ChatStore:
             created_at=as_time(created_at),
             updated_at=as_time(updated_at),
             message_count=count,
+            settings=settings_of(settings),
         )
 
     def get_chat(self, chat_id: str) -> ChatSummary:
@@ -269,6 +275,26 @@ class ChatStore:
         rows = self._read(self._SUMMARY_SQL + " ORDER BY c.updated_at DESC, c.rowid DESC")
         return [self._summary(row) for row in rows]
 
+    def search(self, text: str, limit: int = 500) -> list[ChatMatch]:
+        """The chats whose user or assistant messages hold `text`, the latest chat first, each
+        with its first such message. Case is ignored for ASCII letters (SQLite's LIKE)."""
+        wanted = text.strip()
+        if not wanted:
+            return []
+        pattern = "%" + re.sub(r"([\\%_])", r"\\\1", wanted) + "%"
+        # With MIN(), SQLite takes the bare columns from the row that holds the minimum.
+        rows = self._read(
+            "SELECT m.chat_id, MIN(m.position), m.content FROM messages m "
+            "JOIN chats c ON c.id = m.chat_id "
+            "WHERE m.role IN ('user', 'assistant') AND m.content LIKE ? ESCAPE '\\' "
+            "GROUP BY m.chat_id ORDER BY MAX(c.updated_at) DESC LIMIT ?",
+            (pattern, limit),
+        )
+        return [
+            ChatMatch(chat_id=chat_id, position=position, snippet=snippet(content, wanted))
+            for chat_id, position, content in rows
+        ]
+
     def rename(self, chat_id: str, title: str) -> None:
         """Give a chat a title of the user's own (whitespace folded; it must not be empty)."""
         clean = " ".join(title.split())
@@ -277,6 +303,25 @@ class ChatStore:
         with self._write() as conn:
             self._require_chat(conn, chat_id)
             conn.execute("UPDATE chats SET title = ? WHERE id = ?", (clean, chat_id))
+
+    def set_settings(
+        self, chat_id: str, settings: ChatSettings, opening_prompt: str | None = None
+    ) -> None:
+        """Keep a chat's settings. ``opening_prompt``: the system prompt they give, written
+        into the system message that opens the chat, so its history says what the model was
+        told."""
+        with self._write() as conn:
+            self._require_chat(conn, chat_id)
+            conn.execute(
+                "UPDATE chats SET settings = ? WHERE id = ?",
+                (settings.model_dump_json(), chat_id),
+            )
+            if opening_prompt is not None:
+                conn.execute(
+                    "UPDATE messages SET content = ? "
+                    "WHERE chat_id = ? AND position = 0 AND role = 'system'",
+                    (opening_prompt, chat_id),
+                )
 
     def delete(self, chat_id: str) -> None:
         """Delete a chat and all its messages."""
@@ -329,27 +374,47 @@ class ChatStore:
             )
         return position
 
-    def append_turn(self, chat: ChatSummary, messages: Sequence[Message]) -> list[int]:
+    def append_turn(
+        self,
+        chat: ChatSummary,
+        messages: Sequence[Message],
+        *,
+        stats: Sequence[dict[str, Any] | None] = (),
+        replace_from: int | None = None,
+    ) -> list[int]:
         """Add a turn's messages at the end of its chat in one transaction: all or none.
 
         The chat is created first if the file does not hold it yet (a chat begun in memory).
-        Returns the messages' positions.
+        ``stats``: each message's stats, in order (as ``append``'s; missing ones are None).
+        ``replace_from``: drop the chat's messages from this position on first, in the same
+        transaction (a regenerated answer, an edited message). Returns the messages' positions.
         """
-        columns = [self._columns(message, None) for message in messages]
+        if replace_from is not None and replace_from < 0:
+            raise ValueError(f"a message position is 0 or more, not {replace_from}")
+        if len(stats) > len(messages):
+            raise ValueError(f"{len(stats)} stats for {len(messages)} messages")
+        padded = [*stats, *[None] * (len(messages) - len(stats))]
+        columns = [self._columns(m, s) for m, s in zip(messages, padded, strict=True)]
         now = time.time()
         with self._write() as conn:
             conn.execute(
-                "INSERT OR IGNORE INTO chats (id, title, model, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO chats (id, title, model, created_at, updated_at, settings) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 (
                     chat.id,
                     None if chat.title == DEFAULT_TITLE else chat.title,
                     chat.model,
                     chat.created_at.timestamp(),
                     chat.created_at.timestamp(),
+                    chat.settings.model_dump_json(),
                 ),
             )
             (title,) = self._require_chat(conn, chat.id)
+            if replace_from is not None:
+                conn.execute(
+                    "DELETE FROM messages WHERE chat_id = ? AND position >= ?",
+                    (chat.id, replace_from),
+                )
             (start,) = conn.execute(
                 "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE chat_id = ?",
                 (chat.id,),

@@ -44,7 +44,11 @@ def _schema_v1(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX chats_by_updated ON chats (updated_at)")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_schema_v1,)
+def _chat_settings(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE chats ADD COLUMN settings TEXT")  # ChatSettings as JSON
+
+
+MIGRATIONS: tuple[Migration, ...] = (_schema_v1, _chat_settings)
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from time import monotonic
+from typing import Any
 
 from textual.pilot import Pilot
 
+from engine.generate import CancelToken
+from engine.types import ChatRequest, Chunk
+from exo_tui.chat.backend import Backend
 from exo_tui.cluster.control.state import NodeStats
 
 GB = 10**9
@@ -40,3 +45,34 @@ async def wait_until(
         if monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         await pilot.pause(0.02)
+
+
+class HeldBackend:
+    """The loaded model, held until the test lets it go (or the turn is stopped): a turn that
+    is answering for as long as the test needs, on any machine."""
+
+    def __init__(self, backend: Backend, held: bool = True, after: int = 0) -> None:
+        """`held` False: it answers at once, and only records the requests. `after`: how many
+        chunks it lets through before it holds."""
+        self._backend = backend
+        self._after = after
+        self.go = threading.Event()
+        if not held:
+            self.go.set()
+        self.requests: list[ChatRequest] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        self.requests.append(request)
+        chunks = self._backend.generate(request, cancel)
+        for _ in range(self._after):
+            chunk = next(chunks, None)
+            if chunk is None:
+                return
+            yield chunk
+        while not self.go.wait(0.01):
+            if cancel is not None and cancel.is_set():  # stopped, or the app quits
+                break
+        yield from chunks

@@ -11,10 +11,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from textual.pilot import Pilot
-from textual.widgets import Footer, Static
+from textual.widgets import Footer, Input, Static
 
 from engine.types import DoneChunk, Stats, TextChunk, ToolCallChunk, ToolResult, Usage
 from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.screens.chat_settings import ChatSettingsScreen
 from exo_tui.app.screens.model_picker import ModelPicker
 from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import ChatPane
@@ -239,6 +240,17 @@ async def fetching(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await settle(app, pilot)
 
 
+async def chat_settings(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """This chat's settings (Ctrl+F): presets, the system prompt, temperature, max tokens."""
+    await _model_chosen(app, pilot)
+    await pilot.press("ctrl+f")
+    await wait_until(pilot, lambda: isinstance(app.screen, ChatSettingsScreen))
+    system = app.screen.query_one("#settings-system", Input)
+    system.cursor_blink = False
+    system.cursor_position = 0  # the prompt's start, not wherever its end falls
+    await settle(app, pilot)
+
+
 SCENES: dict[str, Scene] = {
     "empty": empty,
     "placement": placement,
@@ -251,4 +263,5 @@ SCENES: dict[str, Scene] = {
     "picker": picker,
     "downloading": downloading,
     "fetching": fetching,
+    "chat_settings": chat_settings,
 }

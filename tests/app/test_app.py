@@ -22,7 +22,7 @@ from exo_tui.app.widgets.nodes import NodeCard
 from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.cluster.control.state import ClusterEvent, LoadProgressed, RunnerFailed, RunnerReady
 from exo_tui.store.opening import open_chat_store
-from tests.app.helpers import GB, fixed_stats, wait_until
+from tests.app.helpers import GB, HeldBackend, fixed_stats, wait_until
 
 SIZE = (120, 40)
 pytestmark = pytest.mark.anyio
@@ -153,6 +153,10 @@ async def test_escape_stops_the_answer(models_dir: Path) -> None:
     app = make_app(models_dir)
     async with app.run_test(size=SIZE) as pilot:
         await launch(app, pilot)
+        assert app.conversation.backend is not None
+        # Held after its first words, until Esc: the answer cannot end before the key lands.
+        held = HeldBackend(app.conversation.backend, after=1)
+        app.conversation.backend = held  # type: ignore[assignment]
         await pilot.press(*"Tell me a long story")
         await pilot.press("enter")
         await wait_until(

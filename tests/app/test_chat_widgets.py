@@ -29,11 +29,11 @@ from exo_tui.app.widgets.chat import (
     ChatPane,
     ErrorLine,
     StatsLine,
-    ToolCallView,
     UserMessage,
     format_stats,
 )
 from exo_tui.app.widgets.prompt import PromptInput
+from exo_tui.app.widgets.tool_card import ToolCallView
 from tests.app.helpers import wait_until
 
 SIZE = (100, 30)

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from exo_tui.app.main import ExoTuiApp
-from exo_tui.app.widgets.chat import AnswerView, StatsLine, ToolCallView
+from exo_tui.app.widgets.chat import AnswerView, StatsLine
 from exo_tui.app.widgets.prompt import PromptInput
+from exo_tui.app.widgets.tool_card import ToolCallView
 from exo_tui.cluster.control.state import RunnerReady
 from tests.app.helpers import fixed_stats, wait_until
 

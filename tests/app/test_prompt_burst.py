@@ -52,3 +52,26 @@ async def test_a_bracketed_paste_stays_one_paste() -> None:
         assert app.submitted == []
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.submitted == ["first line\nsecond line"])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("keys", "text"),
+    [
+        (["a", "b", "c", "d", "backspace", "x"], "abcx"),
+        (["a", "b", "c", "d", "backspace", "backspace", "x"], "abx"),
+        (["a", "b", "c", "left", "x"], "abxc"),
+        (["a", "b", "home", "x"], "xab"),
+    ],
+)
+async def test_editing_keys_in_a_burst_land_in_order(keys: list[str], text: str) -> None:
+    # Backspace and the arrows are the TextArea's bindings; they must not run after the
+    # characters queued behind them.
+    app = ChatApp()
+    async with app.run_test(size=SIZE) as pilot:
+        prompt = app.query_one(PromptInput)
+        for key in keys:
+            app.post_message(events.Key(key, key if len(key) == 1 else None))
+        await wait_until(pilot, lambda: len(prompt.text) == len(text))
+        await pilot.pause()
+        assert prompt.text == text

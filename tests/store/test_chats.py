@@ -342,22 +342,22 @@ def test_migration_hook_runs_new_steps_once(db: Path, store: ChatStore) -> None:
 
     newer = (*MIGRATIONS, add_pinned)
     with ChatStore(db, migrations=newer) as migrated:
-        assert migrated.schema_version == 2
+        assert migrated.schema_version == len(newer)
         assert migrated.messages(chat.id)[0].content == "old"
     with ChatStore(db, migrations=newer):
         pass
     assert runs == [1]
     with sqlite3.connect(db) as raw:
         assert raw.execute("SELECT pinned FROM chats").fetchone() == (0,)
-        assert raw.execute("SELECT version FROM schema_version").fetchone() == (2,)
+        assert raw.execute("SELECT version FROM schema_version").fetchone() == (len(newer),)
 
-    # This version does not know schema 2: the file is kept aside, not overwritten.
+    # This version does not know the newer schema: the file is kept aside, not overwritten.
     opened, notice = open_chat_store(db)
     with opened:
         assert notice is not None and "newer exo-tui" in notice
     assert list(db.parent.glob("chats.db.broken-*")) == []
     with sqlite3.connect(db) as raw:
-        assert raw.execute("SELECT version FROM schema_version").fetchone() == (2,)
+        assert raw.execute("SELECT version FROM schema_version").fetchone() == (len(newer),)
 
 
 def test_a_failing_migration_changes_nothing(db: Path, store: ChatStore) -> None:
@@ -372,7 +372,7 @@ def test_a_failing_migration_changes_nothing(db: Path, store: ChatStore) -> None
     with sqlite3.connect(db) as raw:
         columns = [row[1] for row in raw.execute("PRAGMA table_info(chats)")]
         assert "half" not in columns
-        assert raw.execute("SELECT version FROM schema_version").fetchone() == (1,)
+        assert raw.execute("SELECT version FROM schema_version").fetchone() == (len(MIGRATIONS),)
 
 
 def test_concurrent_appends_from_two_threads(store: ChatStore) -> None:
@@ -414,3 +414,47 @@ def test_an_unusable_location_falls_back_to_memory(tmp_path: Path) -> None:
         store.append(chat.id, Message(role="user", content="kept in memory"))
         assert store.messages(chat.id)[0].content == "kept in memory"
     assert blocker.read_text() == "a file where the data folder should be"
+
+
+def test_search_finds_the_first_message_that_says_it_with_a_snippet(store: ChatStore) -> None:
+    older = _chat("Older")
+    store.append_turn(older, [Message(role="user", content="What is 100% of 5_000?")])
+    newer = _chat("Newer")
+    long = "word " * 20 + "the Needle is here " + "tail " * 20
+    store.append_turn(
+        newer,
+        [
+            Message(role="system", content="needle in the system prompt is not searched"),
+            Message(role="user", content="no match"),
+            Message(role="assistant", content=long),
+            Message(role="user", content="needle again"),
+        ],
+    )
+    matches = store.search("needle")
+    assert [(m.chat_id, m.position) for m in matches] == [(newer.id, 2)]
+    assert matches[0].snippet.startswith("…") and matches[0].snippet.endswith("…")
+    assert "the Needle is here" in matches[0].snippet
+    # LIKE's own wildcards are matched as text.
+    assert [m.chat_id for m in store.search("100%")] == [older.id]
+    assert store.search("5_0") and not store.search("5x0") and not store.search("0%o")
+    assert store.search("   ") == []
+
+
+def _chat(title: str) -> ChatSummary:
+    from exo_tui.store.records import new_chat
+
+    return new_chat("demo", title=title)
+
+
+def test_a_turn_keeps_each_messages_stats(store: ChatStore) -> None:
+    chat = _chat("Stats")
+    turn = [Message(role="user", content="q"), Message(role="assistant", content="a")]
+    store.append_turn(chat, turn, stats=[None, {"finish_reason": "length"}])
+    assert [entry.stats for entry in store.entries(chat.id)] == [None, {"finish_reason": "length"}]
+    store.append_turn(chat, [Message(role="assistant", content="b")], replace_from=1)
+    assert [(e.message.content, e.stats) for e in store.entries(chat.id)] == [
+        ("q", None),
+        ("b", None),
+    ]
+    with pytest.raises(ValueError, match="3 stats for 1 messages"):
+        store.append_turn(chat, turn[:1], stats=[None, None, None])

@@ -1,11 +1,18 @@
-"""The chats list: reopen, rename, delete and export the stored chats."""
+"""The chats list: find, reopen, rename, delete and export the stored chats.
+
+Typing filters the list (titles, then what the messages say, each chat with the words around
+its first match: a search across chats). The table keeps the focus, so the list's own keys
+(Del, F2, Enter) stay what they are while a filter is typed.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from textual import on
+from rich.markup import escape
+from rich.text import Text
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -16,7 +23,7 @@ from textual.widgets import DataTable, Input, Label
 from exo_tui.app.keys import shown
 from exo_tui.store.chat_errors import ChatStoreError
 from exo_tui.store.chats import ChatStore
-from exo_tui.store.records import ChatSummary
+from exo_tui.store.records import ChatMatch, ChatSummary
 
 
 def export_chat(store: ChatStore, chat: ChatSummary, folder: Path) -> Path:
@@ -58,7 +65,9 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         self._export_dir = export_dir
         self._open_chat = open_chat
         self._chats: list[ChatSummary] = []
+        self._found: dict[str, ChatMatch] = {}  # chat id -> where its messages say the filter
         self._armed: str | None = None  # the chat a second Del deletes
+        self.filter = ""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="chats"):
@@ -68,13 +77,15 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
                 f"Chats  [dim]{keys[0]} opens · {keys[1]} renames · {keys[2]} deletes · "
                 f"{export} exports[/]"
             )
+            yield Label("", id="chats-filter")
             yield DataTable(id="chats-table", cursor_type="row")
             yield Label("", id="chats-confirm")
             yield Input(placeholder="new title, Enter to save", id="chats-rename")
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("title", "model", "messages", "updated")
+        # What the filter found comes next to the title: a narrow terminal clips the right.
+        table.add_columns("title", "found", "model", "messages", "updated")
         self.query_one("#chats-rename", Input).display = False
         self.query_one("#chats-confirm", Label).display = False
         self._fill()
@@ -83,15 +94,66 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
     def _fill(self) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        self._chats = self._store.list_chats()
+        self._chats = self._matching(self._store.list_chats())
+        self._show_filter()
         for chat in self._chats:
             table.add_row(
                 f"● {chat.title}" if chat.id == self._open_chat else chat.title,
+                self._snippet(chat),
                 chat.model,
                 str(chat.message_count),
                 f"{chat.updated_at.astimezone():%Y-%m-%d %H:%M}",
                 key=chat.id,
             )
+
+    def _snippet(self, chat: ChatSummary) -> Text:
+        """Where the chat's messages say the filter, the words themselves marked."""
+        match = self._found.get(chat.id)
+        if match is None:
+            return Text("")
+        text = Text(match.snippet, style="dim")
+        text.highlight_words([self.filter.strip()], "bold not dim", case_sensitive=False)
+        return text
+
+    def _matching(self, chats: list[ChatSummary]) -> list[ChatSummary]:
+        """The chats the filter keeps: those it names in their titles first, then those whose
+        messages say it (each group latest first)."""
+        wanted = " ".join(self.filter.split()).casefold()
+        self._found = {m.chat_id: m for m in self._store.search(self.filter)} if wanted else {}
+        if not wanted:
+            return chats
+        by_title = [chat for chat in chats if wanted in chat.title.casefold()]
+        titled = {chat.id for chat in by_title}
+        said = [chat for chat in chats if chat.id in self._found and chat.id not in titled]
+        return by_title + said
+
+    def _show_filter(self) -> None:
+        label = self.query_one("#chats-filter", Label)
+        if not self.filter:
+            label.update("[dim]Type to filter by title or by what the chats say[/]")
+        elif self._chats:
+            label.update(
+                f"filter: [b]{escape(self.filter)}[/]▏ [dim]Backspace edits · Esc clears[/]"
+            )
+        else:
+            label.update(
+                f"filter: [b]{escape(self.filter)}[/]▏ [dim]no chat says it · Esc clears[/]"
+            )
+
+    def on_key(self, event: events.Key) -> None:
+        """Typed text goes to the filter, unless it is a new title being typed."""
+        if isinstance(self.focused, Input):
+            return
+        if event.key == "backspace" and self.filter:
+            self.filter = self.filter[:-1]
+        elif event.is_printable and event.character:
+            self.filter += event.character
+        else:
+            return
+        event.stop()
+        event.prevent_default()
+        self._disarm()
+        self._fill()
 
     def _selected(self) -> ChatSummary | None:
         table = self.query_one(DataTable)
@@ -107,6 +169,10 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         self.dismiss(self._selected())
 
     def action_close(self) -> None:
+        if self.filter:  # Esc takes the filter back first, then closes
+            self.filter = ""
+            self._fill()
+            return
         self.dismiss(None)
 
     def action_rename(self) -> None:

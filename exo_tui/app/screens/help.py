@@ -23,7 +23,11 @@ each other over mDNS, or name one with `--peer host:port`.
 2. **Strategy** — *pipeline* gives each node a contiguous range of layers, sized by memory;
    *tensor* splits every layer across the nodes.
 3. **Launch** — each node loads its layers; the bars show them land.
-4. **Chat** — {send} sends, {newline} adds a line, {stop} stops the answer. Tool calls run live.
+4. **Chat** — {send} sends, {newline} adds a line, {stop} stops the answer. Tool calls run live;
+   Enter or a click opens a tool card.
+5. **Again** — {regenerate} answers the last message again, {edit} edits it and sends it again,
+   {settings} sets this chat's system prompt, temperature and answer length. In {chats}, type to
+   find a chat by its title or by anything it says.
 """
 
 
@@ -44,6 +48,10 @@ class HelpScreen(ModalScreen[None]):
                 "send": shown("prompt.send", PromptInput.BINDINGS),
                 "newline": shown("prompt.newline", PromptInput.BINDINGS),
                 "stop": shown("app.stop"),
+                "regenerate": shown("chat.regenerate"),
+                "edit": shown("chat.edit_last"),
+                "settings": shown("chat.settings"),
+                "chats": shown("app.chats"),
             }
             yield Markdown(ABOUT.format(**keys))
             yield DataTable(id="help-keys", cursor_type="row", zebra_stripes=True)

@@ -10,11 +10,12 @@ import asyncio
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
+from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.screen import Screen
@@ -28,12 +29,14 @@ from engine.models.weights import require_weight_files
 from engine.types import LoadProgress, ModelCard, Strategy
 from exo_tui.app import garbage
 from exo_tui.app.api_service import ApiService
+from exo_tui.app.bindings import CHAT_BINDINGS
 from exo_tui.app.chat_status import chat_title, empty_hint
-from exo_tui.app.conversation import Conversation
+from exo_tui.app.conversation import SYSTEM_PROMPT, Conversation
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keys import shown
 from exo_tui.app.messages import ClusterChanged, ModelLoaded
+from exo_tui.app.screens.chat_settings import ChatSettingsScreen
 from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.selection import Selection
@@ -92,6 +95,8 @@ class _LoadCancelled(Exception):
 
 
 class MainScreen(Screen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [*CHAT_BINDINGS]
+
     class Ready(Message):
         """The panels are mounted: the app can fill them."""
 
@@ -172,6 +177,22 @@ class MainScreen(Screen[None]):
         if status in ("ready", "generating"):
             return Text(f"{status} · {shown('app.unload')} unloads", style="green")
         return Text(status)
+
+    # The chat's keys
+
+    async def action_regenerate(self) -> None:
+        can_answer = self._host.state.instance_status != "failed"
+        turn = await self._host.conversation.regenerate(can_answer)
+        if turn is not None:
+            await turn
+
+    def action_edit_last(self) -> None:
+        self._host.conversation.edit_last()
+
+    def action_chat_settings(self) -> None:
+        conversation = self._host.conversation
+        dialog = ChatSettingsScreen(conversation.settings, SYSTEM_PROMPT)
+        self.app.push_screen(dialog, conversation.change_settings)
 
     # Models
 

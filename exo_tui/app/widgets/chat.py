@@ -1,11 +1,10 @@
-"""The chat pane: the conversation, answers streamed part by part, tool calls, and the prompt."""
+"""The chat pane: the conversation, and each answer streamed part by part."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Literal, Self
+from typing import Literal
 
 from markdown_it import MarkdownIt
 from textual.app import ComposeResult, RenderResult
@@ -14,9 +13,7 @@ from textual.await_remove import AwaitRemove
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.css.query import QueryType
-from textual.geometry import Region, Size
 from textual.message import Message
-from textual.reactive import reactive
 from textual.widget import AwaitMount, Widget
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownBlock, MarkdownStream
@@ -32,8 +29,8 @@ from engine.types import (
 )
 from engine.types import Message as ChatMessage
 from exo_tui.app.keys import shown
-
-ToolStatus = Literal["running", "ok", "error", "done"]
+from exo_tui.app.widgets.sized import SizedByTheLayout
+from exo_tui.app.widgets.tool_card import ToolCallView
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -52,59 +49,31 @@ def format_stats(done: DoneChunk) -> str:
     parts = [f"TTFT {stats.ttft_s * 1000:.0f} ms"]
     if usage.completion_tokens > 1:  # one token has a time to it, not a rate
         parts.append(f"{stats.decode_tps:.1f} tok/s")
-    return " · ".join((*parts, tokens, done.finish_reason.replace("_", " ")))
-
-
-class _SizedByTheLayout:
-    """Takes the size a layout gives it without asking for one more layout.
-
-    When a layout changes a widget's size, Textual sets its virtual size through a reactive
-    that lays out the whole screen again, though the layout that ran has placed (and anchored)
-    everything at the new sizes already: each streamed append to an answer cost two layouts
-    and two repaints of the same region (a scrollbar that shows or hides still asks for one,
-    through its own reactive). The conversation's widgets skip the second.
-
-    Nor before it is mounted: a Markdown block gets its content, and asks for a layout, before
-    it is mounted; mounting lays it out, and the layout it asked for ran once more after that.
-
-    A plain mixin: a Widget subclass would carry Textual's per-class attributes and shadow those
-    of the widget it is mixed into.
-    """
-
-    def refresh(
-        self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False
-    ) -> Self:
-        mounted: bool = self.is_mounted  # type: ignore[attr-defined]
-        refreshed: Self = super().refresh(  # type: ignore[misc]
-            *regions, repaint=repaint, layout=layout and mounted, recompose=recompose
+    ending = done.finish_reason.replace("_", " ")
+    if done.finish_reason == "length":  # the answer did not end: say where, and what lifts it
+        ending = (
+            f"stopped at the {usage.completion_tokens:,}-token cap "
+            f"({shown('chat.settings')} raises it)"
         )
-        return refreshed
-
-    def _size_updated(
-        self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
-    ) -> bool:
-        updated: bool = super()._size_updated(  # type: ignore[misc]
-            size, virtual_size, container_size, layout=False
-        )
-        return updated
+    return " · ".join((*parts, tokens, ending))
 
 
-class AnswerMarkdown(_SizedByTheLayout, Markdown):
-    """Markdown of an answer, its blocks sized by the layout (see _SizedByTheLayout)."""
+class AnswerMarkdown(SizedByTheLayout, Markdown):
+    """Markdown of an answer, its blocks sized by the layout (see SizedByTheLayout)."""
 
     BLOCKS: dict[str, type[MarkdownBlock]] = {
-        name: type(block.__name__, (_SizedByTheLayout, block), {})
+        name: type(block.__name__, (SizedByTheLayout, block), {})
         for name, block in Markdown.BLOCKS.items()
     }
 
 
-class ReasoningView(_SizedByTheLayout, Collapsible):
-    """An answer's reasoning, collapsible, sized by the layout (see _SizedByTheLayout)."""
+class ReasoningView(SizedByTheLayout, Collapsible):
+    """An answer's reasoning, collapsible, sized by the layout (see SizedByTheLayout)."""
 
-    Contents = type("Contents", (_SizedByTheLayout, Collapsible.Contents), {})
+    Contents = type("Contents", (SizedByTheLayout, Collapsible.Contents), {})
 
 
-class UserMessage(_SizedByTheLayout, Static):
+class UserMessage(SizedByTheLayout, Static):
     """What the user asked, shown as typed (no markup, no Markdown)."""
 
     DEFAULT_CSS = """
@@ -121,7 +90,7 @@ class UserMessage(_SizedByTheLayout, Static):
         self.text = text
 
 
-class ErrorLine(_SizedByTheLayout, Static):
+class ErrorLine(SizedByTheLayout, Static):
     """An error the generation reported."""
 
     DEFAULT_CSS = """
@@ -137,7 +106,7 @@ class ErrorLine(_SizedByTheLayout, Static):
         self.message = message
 
 
-class StatsLine(_SizedByTheLayout, Static):
+class StatsLine(SizedByTheLayout, Static):
     """Timing and token counts of one generation round."""
 
     DEFAULT_CSS = """
@@ -153,58 +122,6 @@ class StatsLine(_SizedByTheLayout, Static):
         super().__init__(Content(format_stats(done)))
         self.done = done
         self.set_class(done.finish_reason == "cancelled", "-cancelled")
-
-
-class ToolCallView(_SizedByTheLayout, Widget):
-    """One tool call: its name, its arguments, whether it ran, and what it returned."""
-
-    DEFAULT_CSS = """
-    ToolCallView {
-        height: auto;
-        margin: 0 1 1 1;
-        padding: 0 1;
-        border: round $secondary;
-        border-title-color: $text;
-        border-title-style: bold;
-        border-subtitle-color: $warning;
-        &.-ok { border-subtitle-color: $success; }
-        &.-error { border: round $error; border-subtitle-color: $error; }
-        &.-done { border-subtitle-color: $text-muted; }
-        & > .tool-arguments { color: $text-muted; }
-    }
-    """
-
-    status: reactive[ToolStatus] = reactive[ToolStatus]("running", recompose=True)
-    result: reactive[str | None] = reactive[str | None](None, recompose=True)
-
-    def __init__(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
-        super().__init__()
-        self.call_id = call_id
-        self.tool_name = name
-        self.arguments = arguments
-        self.border_title = Content(name)
-        self._show_status("running")
-
-    def compose(self) -> ComposeResult:
-        yield Static(Content(_compact_json(self.arguments)), classes="tool-arguments")
-        if self.result is not None:
-            yield Static(Content(f"→ {self.result}"), classes="tool-result")
-
-    def set_result(self, content: str, ok: bool | None) -> None:
-        """The call ran: `ok` says how; None when a stored chat does not record it."""
-        status: ToolStatus = "done" if ok is None else "ok" if ok else "error"
-        self.result = content
-        self.status = status
-        self._show_status(status)
-
-    def _show_status(self, status: ToolStatus) -> None:
-        self.border_subtitle = "running…" if status == "running" else status
-        for name in ("running", "ok", "error", "done"):
-            self.set_class(name == status, f"-{name}")
-
-
-def _compact_json(arguments: dict[str, Any]) -> str:
-    return json.dumps(arguments, ensure_ascii=False, separators=(", ", ": "))
 
 
 class _StreamedPart:
@@ -230,7 +147,7 @@ class _StreamedPart:
         await self.markdown.update("".join(self.pieces))
 
 
-class AnswerView(_SizedByTheLayout, Widget):
+class AnswerView(SizedByTheLayout, Widget):
     """One assistant answer: reasoning, text, tool calls, errors and stats, in arrival order.
 
     Streamed with `feed`, or built finished from stored assistant and tool messages.
@@ -262,19 +179,28 @@ class AnswerView(_SizedByTheLayout, Widget):
             super().__init__()
             self.events = list(events)
 
-    def __init__(self, messages: Sequence[ChatMessage] = ()) -> None:
+    def __init__(
+        self, messages: Sequence[ChatMessage] = (), stats: Sequence[DoneChunk | None] = ()
+    ) -> None:
+        """A finished answer from `messages` (each with its stats line in `stats`, if any), or
+        with none, one to stream."""
         super().__init__()
         self._texts: list[list[str]] = []
         self._part: _StreamedPart | None = None
         self._reasoning: Collapsible | None = None
         self._tools: dict[str, ToolCallView] = {}
-        self._stored: list[Widget] = self._stored_widgets(messages)
+        self._stored: list[Widget] = self._stored_widgets(messages, stats)
         # A streamed answer says it is waiting (and for how long) until its first chunk. It
         # draws that itself while it holds nothing (a widget with nothing to show would show
         # its own name), so the first words replace it in the layout they cost anyway.
         self._wait_started = time.monotonic()
         self._streamed = not messages
         self._stopping: Static | None = None  # "Stopping…", once the user asked
+
+    @classmethod
+    def stored(cls, messages: Sequence[tuple[ChatMessage, DoneChunk | None]]) -> AnswerView:
+        """A finished answer: its messages, each with its stats line or None."""
+        return cls([message for message, _ in messages], [done for _, done in messages])
 
     @property
     def text(self) -> str:
@@ -379,9 +305,12 @@ class AnswerView(_SizedByTheLayout, Widget):
         if part is not None:
             await part.finish()
 
-    def _stored_widgets(self, messages: Sequence[ChatMessage]) -> list[Widget]:
+    def _stored_widgets(
+        self, messages: Sequence[ChatMessage], stats: Sequence[DoneChunk | None]
+    ) -> list[Widget]:
         widgets: list[Widget] = []
-        for message in messages:
+        padded = [*stats, *[None] * (len(messages) - len(stats))]
+        for message, done in zip(messages, padded, strict=False):
             if message.role == "assistant":
                 if message.reasoning:
                     reasoning = AnswerMarkdown(message.reasoning)
@@ -392,6 +321,8 @@ class AnswerView(_SizedByTheLayout, Widget):
                 for call in message.tool_calls:
                     view = self._tools[call.id] = ToolCallView(call.id, call.name, call.arguments)
                     widgets.append(view)
+                if done is not None:
+                    widgets.append(StatsLine(done))
             elif message.role == "tool":
                 call_id = message.tool_call_id or ""
                 view = self._tools.get(call_id)
@@ -399,14 +330,17 @@ class AnswerView(_SizedByTheLayout, Widget):
                     view = self._tools[call_id] = ToolCallView(call_id, message.name or "tool", {})
                     widgets.append(view)
                 view.set_result(message.content, None)
+        for line in widgets[:-1]:  # as `_add` leaves a streamed answer's
+            if isinstance(line, StatsLine):
+                line.add_class("-mid-answer")
         return widgets
 
 
-class _ChatLog(_SizedByTheLayout, Vertical):
+class _ChatLog(SizedByTheLayout, Vertical):
     """The entries of the conversation, one under the other."""
 
 
-class ChatPane(_SizedByTheLayout, VerticalScroll):
+class ChatPane(SizedByTheLayout, VerticalScroll):
     """The conversation. It follows new content only while the view is at the bottom."""
 
     DEFAULT_CSS = """
@@ -464,21 +398,25 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         self._hint.display = True
         return self._log.remove_children(selector)
 
-    def show_messages(self, messages: Sequence[ChatMessage]) -> AwaitComplete:
-        """Replace the pane's content with a stored chat (system messages are not shown)."""
+    def show_messages(
+        self, messages: Sequence[ChatMessage], stats: Sequence[DoneChunk | None] = ()
+    ) -> AwaitComplete:
+        """Replace the pane's content with a stored chat (system messages are not shown), each
+        answer with the stats lines in `stats` (one per message, in order; None for none)."""
         widgets: list[Widget] = []
-        answer: list[ChatMessage] = []
-        for message in messages:
+        answer: list[tuple[ChatMessage, DoneChunk | None]] = []
+        padded = [*stats, *[None] * (len(messages) - len(stats))]
+        for message, done in zip(messages, padded, strict=False):
             if message.role in ("assistant", "tool"):
-                answer.append(message)
+                answer.append((message, done))
                 continue
             if answer:
-                widgets.append(AnswerView(answer))
+                widgets.append(AnswerView.stored(answer))
                 answer = []
             if message.role == "user":
                 widgets.append(UserMessage(message.content))
         if answer:
-            widgets.append(AnswerView(answer))
+            widgets.append(AnswerView.stored(answer))
 
         async def show() -> None:
             await self._log.remove_children(self.entries())
@@ -497,6 +435,18 @@ class ChatPane(_SizedByTheLayout, VerticalScroll):
         answer = AnswerView()
         await self._append(answer)
         return answer
+
+    def add_answer(self, answer: AnswerView) -> AwaitMount:
+        """An answer in place of the one `drop_from_last_user` took away."""
+        return self._append(answer)
+
+    def drop_from_last_user(self, keep_user: bool) -> AwaitRemove:
+        """Take away what came after the last message the user sent (and that message too,
+        unless `keep_user`): the answer to regenerate, or the message to send again."""
+        entries = self.entries()
+        users = [i for i, entry in enumerate(entries) if isinstance(entry, UserMessage)]
+        start = (users[-1] + (1 if keep_user else 0)) if users else len(entries)
+        return self._log.remove_children(entries[start:])
 
     def add_turn(self, text: str, answer: AnswerView) -> AwaitMount:
         """What the user sent and its answer, mounted together (one layout, not two).

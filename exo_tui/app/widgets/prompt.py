@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from textual import on
+from textual import events, on
 from textual.binding import Binding, BindingType
 from textual.message import Message
 from textual.widgets import TextArea
@@ -95,6 +95,20 @@ class PromptInput(TextArea):
         """What sending now would send (blank lines around it dropped)."""
         return self.text.rstrip().lstrip("\n")
 
+    async def _on_key(self, event: events.Key) -> None:
+        # The prompt's own editing keys (Backspace, the arrows, Home, Up for the history) are
+        # bindings, which run once the key has bubbled up to the app: in a burst, after the
+        # characters queued behind them have landed. Run them here, in the order they came.
+        if not event.is_printable:
+            active = self.screen.active_bindings.get(event.key)
+            if active is not None and active.node is self and not active.binding.priority:
+                event.stop()
+                event.prevent_default()
+                if active.enabled:
+                    await self.run_action(active.binding.action)
+                return
+        await super()._on_key(event)
+
     class _SendNow(Message):
         """Send what the prompt holds once the keys typed before Enter have landed."""
 
@@ -118,6 +132,15 @@ class PromptInput(TextArea):
         """A send was refused: put its text back, before anything typed since."""
         typed = self.text
         self._load(f"{text}\n{typed}" if typed.strip() else text)
+
+    def hold_for_edit(self, text: str, note: str | None) -> None:
+        """Hold `text` to edit, with `note` in the border saying what sending does (None: a
+        plain prompt again). What was typed before stays a step back in the undo history."""
+        if note is None:
+            self.border_title = None
+            return
+        self._load(text)
+        self.border_title = note
 
     def action_newline(self) -> None:
         if not self.read_only:
