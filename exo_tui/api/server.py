@@ -16,6 +16,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
+from uvicorn.config import LOGGING_CONFIG
 
 from engine.errors import EngineError
 from exo_tui.api import ollama_routes, openai_routes
@@ -182,7 +183,7 @@ class ApiServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=3,
-            **({} if log_to_stderr else {"log_config": None}),
+            log_config=LOGGING_CONFIG if log_to_stderr else None,
         )
         if not log_to_stderr:
             for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
