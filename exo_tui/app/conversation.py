@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
 from engine.loading import run_loading
-from engine.types import ChatRequest, DoneChunk, Message, ReasoningChunk, TextChunk
+from engine.types import (
+    ChatRequest,
+    DoneChunk,
+    Message,
+    ReasoningChunk,
+    Stats,
+    TextChunk,
+    Usage,
+)
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keys import shown
@@ -56,6 +64,10 @@ def coalesce(pending: list[TurnEvent], event: TurnEvent) -> None:
         pending.append(event)
 
 
+# A turn being answered: its chat, its opening messages, where it replaces from, its answer.
+OpenTurn = tuple[ChatSummary, tuple[Message, ...], int | None, AnswerView]
+
+
 class Conversation:
     """The open chat, its messages, the backend that answers and the store that keeps them."""
 
@@ -86,6 +98,10 @@ class Conversation:
         self._save_problem: str | None = None  # the one the user was last told of
         self._answer: AnswerView | None = None  # the answer streaming, or the last one
         self._deleted: set[str] = set()  # chats deleted while open: a late turn is not saved
+        # The turn being answered (its chat, opening and answer), for a quit that cannot wait.
+        self._open_turn: OpenTurn | None = None
+        self._saving = threading.Lock()  # one of the turn and a quit that gave up on it saves
+        self._abandoned = False
         self.editing: int | None = None  # the user message the prompt holds to send again
 
     def open_store(self, chat_db: Path | None) -> str | None:
@@ -288,15 +304,20 @@ class Conversation:
             if not allowed:
                 return
             dones: list[DoneChunk] = []
+            self._open_turn = (chat, opening, replace_from, answer)
             added = ENGINE_THREAD.run(
                 lambda: self.stream_turn(backend, request, answer, cancel, dones)
             )
             # Saved here, not from TurnEnded: a quit mid-answer still saves what was answered;
             # and off the MLX thread, so a store waiting out a lock does not hold up the model.
-            if self.unsaved is not None and chat.id not in self._deleted:
-                stats = [None] * len(opening) + turn_stats(added or [], dones)
-                self.unsaved.add(chat, (*opening, *(added or [])), replace_from, stats)
-                self._app.post_message(HistorySaved(self.unsaved.save()))
+            with self._saving:
+                self._open_turn = None
+                if self._abandoned:  # a quit saved it already, as it stood
+                    return
+                if self.unsaved is not None and chat.id not in self._deleted:
+                    stats = [None] * len(opening) + turn_stats(added or [], dones)
+                    self.unsaved.add(chat, (*opening, *(added or [])), replace_from, stats)
+                    self._app.post_message(HistorySaved(self.unsaved.save()))
             if added is not None:
                 # While the user reads and types, prefill the history as the next turn will
                 # see it; sending the next message stops this within one step.
@@ -492,6 +513,29 @@ class Conversation:
         with self._in_flight.running() as allowed:
             if allowed and self.unsaved is not None:
                 self._app.post_message(HistorySaved(self.unsaved.save()))
+
+    def abandon(self) -> None:
+        """Quitting while the model is still inside one step (a long prefill on a slow model):
+        the turn is saved as it stands, what was answered with a "cancelled" stats line, and
+        what it still does is never saved."""
+        with self._saving:
+            self._abandoned = True
+            turn = self._open_turn
+            if turn is None or self.unsaved is None:
+                return
+            chat, opening, replace_from, answer = turn
+            if chat.id in self._deleted:
+                return
+            cut = DoneChunk(
+                finish_reason="cancelled",
+                usage=Usage(prompt_tokens=0, completion_tokens=0),
+                stats=Stats(ttft_s=0, prefill_tps=0, decode_tps=0, peak_memory_bytes=0),
+                token_ids=(),
+            )
+            reply = Message(role="assistant", content=answer.text.strip())
+            stats = [None] * len(opening) + turn_stats([reply], [cut])
+            self.unsaved.add(chat, (*opening, reply), replace_from, stats)
+            self.unsaved.save()
 
     def finish(self) -> None:
         """Quitting, once the work has stopped: save what waits and checkpoint the store."""

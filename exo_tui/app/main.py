@@ -9,6 +9,7 @@ The app turns keys into commands. Cluster state changes only through the pure re
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
@@ -77,8 +78,10 @@ GIL_SWITCH_INTERVAL_S = 0.001
 REFUSAL_NOTICE_EVERY_S = 10.0  # refused peers are all listed; pop-ups about them, no oftener
 REFUSED_REMEMBERED = 1024  # addresses already said in a notice
 SAVE_RETRY_S = 5.0  # how often turns the store refused are tried again
-# How long quitting waits for MLX work to stop (it stops within one step) and a history write.
-QUIT_WAIT_S = 60.0
+# How long quitting waits for MLX work to stop (it stops within one step) and a history write;
+# past it (one step of a slow model can take minutes) the turn is saved as it stands and the
+# process ends without waiting (`run_app`).
+QUIT_WAIT_S = 1.5
 
 
 class ExoTuiApp(App[None]):
@@ -103,6 +106,7 @@ class ExoTuiApp(App[None]):
         `api`: the API to serve while the app runs (started at mount, stopped at the end)."""
         super().__init__()
         self.api = api
+        self.abandoned = False  # quit with the model still inside a step: end the process
         self._cluster = cluster
         self._refused: set[str] = set()  # addresses refused so far
         self._refusal_notices = NoticeRate(REFUSAL_NOTICE_EVERY_S)
@@ -445,7 +449,9 @@ class ExoTuiApp(App[None]):
     def _finish_work(self) -> None:
         """Join the MLX work and history writes, then save what waits and checkpoint the store."""
         if not self._in_flight.close(QUIT_WAIT_S):
-            return  # still busy: the store stays open (its writes are durable), nothing waits
+            self.conversation.abandon()
+            self.abandoned = True
+            return  # the store stays open (its writes are durable) for what still waits
         ENGINE_THREAD.run(wait_for_streams)  # on the thread that ran the work
         self.conversation.finish()
 
@@ -508,7 +514,10 @@ def run_app(
         load_demo=load_demo,
         api=service,
     )
-    app.run()
+    # A loop of our own: asyncio.run would wait, as it ends, for the worker threads in its
+    # executor, one of them the answer a slow model is still inside of.
+    loop = asyncio.new_event_loop()
+    app.run(loop=loop)
     unsaved, store = app.conversation.unsaved, app.conversation.store
     if unsaved is not None and unsaved.waiting and store is not None:
         # The screen is gone: the last word on turns the store never took goes to the terminal.
@@ -517,4 +526,12 @@ def run_app(
             f"{unsaved.problem}",
             file=sys.stderr,
         )
+    if app.abandoned:
+        # MLX still computing on a thread would abort an interpreter that ends under it
+        # ("terminate called without an active exception"): the process ends here instead.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
     return 0
