@@ -14,11 +14,12 @@ from engine.generate import next_turn_prefix
 from engine.types import ChatRequest
 from exo_tui.app.keymap import binding_scopes
 from exo_tui.app.main import ExoTuiApp
-from exo_tui.app.screens.chats import ChatsScreen
+from exo_tui.app.screens.chats import ChatsScreen, as_tree
 from exo_tui.app.screens.fork_from import ForkFromScreen
 from exo_tui.app.widgets.chat import StatsLine, UserMessage
 from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.backend import LocalBackend
+from exo_tui.store.records import new_chat
 from tests.app.helpers import wait_until
 from tests.app.test_app import SIZE, launch, make_app
 from tests.app.test_chat_redo import answered
@@ -163,3 +164,19 @@ async def test_the_fork_starts_from_the_prompt_cache(models_dir: Path, cold: boo
         done = app.query(StatsLine).last().done
         assert done.usage.cached_tokens >= len(shared) - 1 > 0
         assert f"({done.usage.cached_tokens} cached)" in str(app.query(StatsLine).last().render())
+
+
+def test_branches_sit_under_the_chat_they_fork_from_at_any_depth() -> None:
+    root, other = new_chat("m", "root"), new_chat("m", "other")
+    branch = new_chat("m", "branch", fork_of=(root.id, 1))
+    deeper = new_chat("m", "deeper", fork_of=(branch.id, 3))
+    orphan = new_chat("m", "orphan", fork_of=("not listed", 1))
+    # The store lists the latest first: the branches may come before their parents.
+    rows = as_tree([deeper, other, branch, orphan, root])
+    assert [(chat.title, depth) for chat, depth in rows] == [
+        ("other", 0),
+        ("orphan", 0),
+        ("root", 0),
+        ("branch", 1),
+        ("deeper", 2),
+    ]

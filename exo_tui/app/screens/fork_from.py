@@ -44,10 +44,8 @@ class ForkFromScreen(ModalScreen[int | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="fork-from"):
             cancel = shown("fork.cancel", self.BINDINGS)
-            yield Label(
-                "Fork from a message  [dim](Enter edits it in the prompt; sending starts a new "
-                f"chat from there and keeps this one · {cancel} cancels)[/]"
-            )
+            yield Label(f"Fork from a message  [dim](Enter edits it, {cancel} cancels)[/]")
+            yield Label("[dim]Sending the edit starts a new chat from there; this one is kept.[/]")
             options = [
                 Option(Text.assemble((f"{n:>2}. ", "dim"), preview(text)), id=str(position))
                 for n, (position, text) in zip(
