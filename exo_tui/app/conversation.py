@@ -32,7 +32,13 @@ from exo_tui.chat.turn import TurnEvent, chat_turn
 from exo_tui.store.chat_errors import ChatNotFoundError, ChatStoreError
 from exo_tui.store.chats import ChatStore
 from exo_tui.store.opening import open_chat_store
-from exo_tui.store.records import ChatSettings, ChatSummary, StoredMessage, new_chat
+from exo_tui.store.records import (
+    ChatSettings,
+    ChatSummary,
+    StoredMessage,
+    auto_title,
+    new_chat,
+)
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -139,11 +145,11 @@ class Conversation:
         before = self.messages[:position]
         stats = self._stored_stats(parent.id)[:position]
         stats += [None] * (len(before) - len(stats))
-        # After its first question a branch goes by its parent's title, marked in the list.
-        asked = any(message.role == "user" for message in before)
+        # Named after the message edited: the chats list shows it under its parent, so what
+        # the branch asked instead is what tells it from the parent and its other branches.
         self.summary = new_chat(
             backend.card.name,
-            parent.title if asked else None,
+            auto_title(user.content),
             settings=self.settings,
             fork_of=(parent.id, position),
         )
@@ -226,7 +232,7 @@ class Conversation:
         prompt = self._app.query_one(PromptInput)
         send = shown("prompt.send", PromptInput.BINDINGS)
         # Short enough for the prompt's border at 80 columns.
-        note = f"{send} forks a new chat from here · {shown('chat.fork')} cancels"
+        note = f"{send} forks a new chat · {shown('chat.fork')} cancels"
         text = self.messages[position].content
         prompt.hold_for_edit(text, note)
         prompt.focus()

@@ -50,7 +50,7 @@ async def fork_at_second(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await pilot.press("down", "enter")
     prompt = app.query_one(PromptInput)
     await wait_until(pilot, lambda: prompt.text == "Second")
-    assert str(prompt.border_title) == "Enter forks a new chat from here · F9 cancels"
+    assert str(prompt.border_title) == "Enter forks a new chat · F9 cancels"
     await pilot.press("end", *" edited", "enter")
 
 
@@ -89,10 +89,10 @@ async def test_a_fork_is_a_new_chat_and_the_old_one_is_kept(models_dir: Path) ->
         await wait_until(pilot, lambda: isinstance(app.screen, ChatsScreen))
         table = app.screen.query_one(DataTable)
         titles = [str(table.get_row_at(i)[0]) for i in range(table.row_count)]
-        assert titles == ["First", "● ⑂ First"]
+        assert titles == ["First", "● ⑂ Second edited"]
         await pilot.press(*"edited")
         await wait_until(pilot, lambda: table.row_count == 1)
-        assert str(table.get_row_at(0)[0]) == "● ⑂ First · from First"
+        assert str(table.get_row_at(0)[0]) == "● ⑂ Second edited · from First"
         await pilot.press("escape", "escape")
         await wait_until(pilot, lambda: not isinstance(app.screen, ChatsScreen))
 
