@@ -143,7 +143,7 @@ class Conversation:
         assert self.summary is not None
         parent = self.summary
         before = self.messages[:position]
-        stats = self._stored_stats(parent.id)[:position]
+        stats = self.unsaved.stats(parent.id)[:position] if self.unsaved is not None else []
         stats += [None] * (len(before) - len(stats))
         # Named after the message edited: the chats list shows it under its parent, so what
         # the branch asked instead is what tells it from the parent and its other branches.
@@ -161,18 +161,6 @@ class Conversation:
         await pane.show_messages(before, [stats_of(record) for record in stats])
         self._app.notify(f"A new branch of “{parent.title}”; {shown('app.chats')} shows both.")
         return pane.add_turn(user.content, answer)
-
-    def _stored_stats(self, chat_id: str) -> list[Stats]:
-        """The stats of each message of a chat, as the store will hold them."""
-        stored: list[tuple[Message, Stats]] = []
-        try:
-            if self.store is not None:
-                stored = [(entry.message, entry.stats) for entry in self.store.entries(chat_id)]
-        except ChatStoreError:  # not written yet, or unreadable now: its stats lines go
-            stored = []
-        if self.unsaved is not None:
-            stored = self.unsaved.apply(chat_id, stored)
-        return [record for _, record in stored]
 
     async def regenerate(self, can_answer: bool) -> AwaitMount | None:
         """Answer the last user message again: its answer (tool rounds and all) goes, on
