@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, OptionList
+from textual.widgets._footer import FooterKey  # pyright: ignore[reportPrivateUsage]
 
 from engine.generate import next_turn_prefix
 from engine.types import ChatRequest
@@ -180,3 +181,14 @@ def test_branches_sit_under_the_chat_they_fork_from_at_any_depth() -> None:
         ("branch", 1),
         ("deeper", 2),
     ]
+
+
+async def test_the_fork_key_keeps_out_of_the_footer_at_80_by_24(models_dir: Path) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: bool(app.screen.query(FooterKey)))
+        keys = [key.key for key in app.screen.query(FooterKey) if key.region.width > 0]
+        newcomer = [key for key in keys if key in ("f1", "ctrl+o", "ctrl+l")]
+        assert newcomer == ["f1", "ctrl+o", "ctrl+l"]
+        assert keys.index("ctrl+l") < 4  # right after Quit: none of the chat's keys before
+        assert "f9" not in keys
