@@ -22,15 +22,14 @@ from engine.types import (
     DoneChunk,
     ErrorChunk,
     Frozen,
-    ReasoningChunk,
     Stats,
-    TextChunk,
     Usage,
 )
 from exo_tui.api.board import RequestBoard, RequestState
 from exo_tui.api.errors import ApiError
 from exo_tui.api.inbox import Inbox
 from exo_tui.chat.backend import Backend
+from exo_tui.chat.turn import coalesce
 
 log = logging.getLogger(__name__)
 
@@ -257,17 +256,10 @@ class Scheduler:
 
 
 def _joined(batch: list[Event]) -> list[Event]:
-    """A batch with each run of text (or of reasoning) as one chunk: a reader that fell
-    behind gets fewer, longer deltas."""
+    """A batch with each run of text (or of reasoning) as one chunk."""
     out: list[Event] = []
     for event in batch:
-        last = out[-1] if out else None
-        if isinstance(event, TextChunk) and isinstance(last, TextChunk):
-            out[-1] = TextChunk(text=last.text + event.text)
-        elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
-            out[-1] = ReasoningChunk(text=last.text + event.text)
-        else:
-            out.append(event)
+        coalesce(out, event)
     return out
 
 

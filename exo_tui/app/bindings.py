@@ -85,6 +85,14 @@ CHAT_BINDINGS: list[Binding] = [
         tooltip="Put your last message back in the prompt: sending replaces it and its answer",
     ),
     Binding(
+        "f9",
+        "fork",
+        "Fork from a message",
+        id="chat.fork",
+        show=False,
+        tooltip="Edit an earlier message: sending starts a new chat from there, this one is kept",
+    ),
+    Binding(
         "ctrl+f",
         "chat_settings",
         "Chat settings",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,26 +21,30 @@ from engine.types import (
     DoneChunk,
     Message,
     ReasoningChunk,
-    Stats,
     TextChunk,
-    Usage,
 )
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keys import shown
 from exo_tui.app.messages import HistorySaved, TurnEnded
 from exo_tui.app.pacing import RedrawPacer
-from exo_tui.app.turn_stats import stats_of, turn_stats
-from exo_tui.app.unsaved import UnsavedTurns
+from exo_tui.app.turn_stats import cut_off, stats_of, turn_stats
+from exo_tui.app.unsaved import Stats, UnsavedTurns
 from exo_tui.app.widgets.chat import AnswerView, ChatPane
 from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.backend import Backend
 from exo_tui.chat.tools import ToolRegistry
-from exo_tui.chat.turn import TurnEvent, chat_turn
+from exo_tui.chat.turn import TurnEvent, chat_turn, coalesce
 from exo_tui.store.chat_errors import ChatNotFoundError, ChatStoreError
 from exo_tui.store.chats import ChatStore
 from exo_tui.store.opening import open_chat_store
-from exo_tui.store.records import ChatSettings, ChatSummary, StoredMessage, new_chat
+from exo_tui.store.records import (
+    ChatSettings,
+    ChatSummary,
+    StoredMessage,
+    auto_title,
+    new_chat,
+)
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -53,19 +57,8 @@ DRAFT_PREFILL_DELAY = 0.3
 ATTACH_POLL_S = 0.005  # how often a finished answer looks whether it is on screen yet
 
 
-def coalesce(pending: list[TurnEvent], event: TurnEvent) -> None:
-    """Append `event`, joining it to the last one when both are text (or both reasoning)."""
-    last = pending[-1] if pending else None
-    if isinstance(event, TextChunk) and isinstance(last, TextChunk):
-        pending[-1] = TextChunk(text=last.text + event.text)
-    elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
-        pending[-1] = ReasoningChunk(text=last.text + event.text)
-    else:
-        pending.append(event)
-
-
 # A turn being answered: its chat, its opening messages, where it replaces from, its answer.
-OpenTurn = tuple[ChatSummary, tuple[Message, ...], int | None, AnswerView]
+OpenTurn = tuple[ChatSummary, tuple[tuple[Message, ...], tuple[Stats, ...]], int | None, AnswerView]
 
 
 class Conversation:
@@ -103,6 +96,7 @@ class Conversation:
         self._saving = threading.Lock()  # one of the turn and a quit that gave up on it saves
         self._abandoned = False
         self.editing: int | None = None  # the user message the prompt holds to send again
+        self.forking = False  # sending the message edited starts a branch: a new chat
 
     def open_store(self, chat_db: Path | None) -> str | None:
         """Open the history; a notice for the user, if the store has one."""
@@ -124,8 +118,10 @@ class Conversation:
             return None
         user = Message(role="user", content=text)
         pane = self._app.query_one(ChatPane)
-        editing = self.editing
+        editing, forking = self.editing, self.forking
         self._stop_editing()
+        if editing is not None and forking:
+            return await self._fork(backend, user, editing)
         if editing is not None:  # it replaces the message edited, and what came after it
             del self.messages[editing:]
             answer = self._start(backend, (*self.messages, user), (user,), replace_from=editing)
@@ -143,6 +139,31 @@ class Conversation:
         await asyncio.sleep(0)  # the worker's task starts its thread now, not after all this
         self.messages.extend(opening)
         return pane.add_turn(text, answer)
+
+    async def _fork(self, backend: Backend, user: Message, position: int) -> AwaitMount:
+        """Start a branch: a new chat holding the messages before `position` (their stats
+        lines too) and `user`, answered. The chat it forks from stays as it is."""
+        assert self.summary is not None
+        parent = self.summary
+        before = self.messages[:position]
+        stats = self.unsaved.stats(parent.id)[:position] if self.unsaved is not None else []
+        stats += [None] * (len(before) - len(stats))
+        # Named after the message edited: the chats list shows it under its parent, so what
+        # the branch asked instead is what tells it from the parent and its other branches.
+        self.summary = new_chat(
+            backend.card.name,
+            auto_title(user.content),
+            settings=self.settings,
+            fork_of=(parent.id, position),
+        )
+        opening = (*before, user)
+        answer = self._start(backend, opening, opening, replace_from=None, stats=stats)
+        self.messages = list(opening)
+        await asyncio.sleep(0)
+        pane = self._app.query_one(ChatPane)
+        await pane.show_messages(before, [stats_of(record) for record in stats])
+        self._app.notify(f"A new branch of “{parent.title}”; {shown('app.chats')} shows both.")
+        return pane.add_turn(user.content, answer)
 
     async def regenerate(self, can_answer: bool) -> AwaitMount | None:
         """Answer the last user message again: its answer (tool rounds and all) goes, on
@@ -189,7 +210,41 @@ class Conversation:
         prompt.hold_for_edit(self.messages[last].content, note)
         prompt.focus()
 
+    def fork_from(self, position: int | None) -> None:
+        """Put the user message at `position` in the prompt (None: the user cancelled);
+        sending it starts a new chat from there, and this one is kept. The history before it
+        is prefilled at once, so the branch's answer starts from the cache whatever this chat
+        left in it."""
+        if position is None or self.refuse_while_answering():
+            return
+        if not 0 < position < len(self.messages) or self.messages[position].role != "user":
+            return  # the chat changed under the list
+        self.editing, self.forking = position, True
+        prompt = self._app.query_one(PromptInput)
+        send = shown("prompt.send", PromptInput.BINDINGS)
+        # Short enough for the prompt's border at 80 columns.
+        note = f"{send} forks a new chat · {shown('chat.fork')} cancels"
+        text = self.messages[position].content
+        prompt.hold_for_edit(text, note)
+        prompt.focus()
+        self.prefill_draft(text)
+
+    def can_fork(self) -> bool:
+        """Whether the open chat has a message to fork from (and a word to the user if not);
+        asked while a message is held for editing, that edit is given up instead."""
+        if self.editing is not None:
+            self._stop_editing()
+            self._app.query_one(PromptInput).clear()
+            return False
+        if self.refuse_while_answering():
+            return False
+        if self._last_user() is None:
+            self._app.notify("No message to fork from yet: ask something first.")
+            return False
+        return True
+
     def _stop_editing(self) -> None:
+        self.forking = False
         if self.editing is not None:
             self.editing = None
             for prompt in self._app.query(PromptInput):
@@ -212,10 +267,12 @@ class Conversation:
         history: tuple[Message, ...],
         opening: tuple[Message, ...],
         replace_from: int | None,
+        stats: Sequence[Stats] = (),
     ) -> AnswerView:
         """Start answering the last message of `history` in a worker: the engine starts first,
         so storing the turn and putting it on screen overlap its prefill. The store gets
-        `opening` and what the answer adds, from `replace_from` on when it is given."""
+        `opening` (with `stats`, one per message, as far as they go) and what the answer adds,
+        from `replace_from` on when it is given."""
         request = ChatRequest(
             messages=history,
             tools=self.tools.specs,
@@ -228,9 +285,10 @@ class Conversation:
         backend.stop_prefill()  # stop prefilling for this turn: it is here
         assert self.summary is not None
         summary = self.summary
+        first = (*stats, *[None] * (len(opening) - len(stats)))[: len(opening)]
         self._app.run_worker(
             lambda: self._generate(
-                backend, request, answer, cancel, summary, opening, replace_from
+                backend, request, answer, cancel, summary, (opening, first), replace_from
             ),
             name="_generate",
             group="chat",
@@ -295,7 +353,7 @@ class Conversation:
         answer: AnswerView,
         cancel: threading.Event,
         chat: ChatSummary,
-        opening: tuple[Message, ...],
+        opening: tuple[tuple[Message, ...], tuple[Stats, ...]],
         replace_from: int | None,
     ) -> None:
         """Answer, save the turn (`opening` and what the answer added, from `replace_from` on),
@@ -315,8 +373,9 @@ class Conversation:
                 if self._abandoned:  # a quit saved it already, as it stood
                     return
                 if self.unsaved is not None and chat.id not in self._deleted:
-                    stats = [None] * len(opening) + turn_stats(added or [], dones)
-                    self.unsaved.add(chat, (*opening, *(added or [])), replace_from, stats)
+                    messages, first = opening
+                    stats = [*first, *turn_stats(added or [], dones)]
+                    self.unsaved.add(chat, (*messages, *(added or [])), replace_from, stats)
                     self._app.post_message(HistorySaved(self.unsaved.save()))
             if added is not None:
                 # While the user reads and types, prefill the history as the next turn will
@@ -526,15 +585,10 @@ class Conversation:
             chat, opening, replace_from, answer = turn
             if chat.id in self._deleted:
                 return
-            cut = DoneChunk(
-                finish_reason="cancelled",
-                usage=Usage(prompt_tokens=0, completion_tokens=0),
-                stats=Stats(ttft_s=0, prefill_tps=0, decode_tps=0, peak_memory_bytes=0),
-                token_ids=(),
-            )
+            messages, first = opening
             reply = Message(role="assistant", content=answer.text.strip())
-            stats = [None] * len(opening) + turn_stats([reply], [cut])
-            self.unsaved.add(chat, (*opening, reply), replace_from, stats)
+            stats = [*first, cut_off()]
+            self.unsaved.add(chat, (*messages, reply), replace_from, stats)
             self.unsaved.save()
 
     def finish(self) -> None:

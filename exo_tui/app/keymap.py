@@ -38,6 +38,7 @@ def binding_scopes() -> dict[str, list[Binding]]:
     from exo_tui.app.screens.chat_settings import ChatSettingsScreen
     from exo_tui.app.screens.chats import ChatsScreen
     from exo_tui.app.screens.download_confirm import DownloadConfirm
+    from exo_tui.app.screens.fork_from import ForkFromScreen
     from exo_tui.app.screens.help import HelpScreen
     from exo_tui.app.screens.model_picker import ModelPicker
     from exo_tui.app.screens.nodes import NodesScreen
@@ -52,6 +53,7 @@ def binding_scopes() -> dict[str, list[Binding]]:
         "chats": bindings(ChatsScreen.BINDINGS),
         "chat settings": bindings(ChatSettingsScreen.BINDINGS),
         "download question": bindings(DownloadConfirm.BINDINGS),
+        "fork from a message": bindings(ForkFromScreen.BINDINGS),
         "help": bindings(HelpScreen.BINDINGS),
         "model picker": bindings(ModelPicker.BINDINGS),
         "nodes": bindings(NodesScreen.BINDINGS),

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from engine.types import DoneChunk, Message
+from engine.types import DoneChunk, Message, Stats, Usage
 
 StatsRecord = dict[str, Any]
 
@@ -15,6 +15,18 @@ StatsRecord = dict[str, Any]
 def stats_record(done: DoneChunk) -> StatsRecord:
     """What the stats line of `done` needs, as JSON (the token ids stay out: they are long)."""
     return done.model_dump(mode="json", exclude={"token_ids"})
+
+
+def cut_off() -> StatsRecord:
+    """The stats line of an answer cut off by quitting: cancelled, nothing counted."""
+    return stats_record(
+        DoneChunk(
+            finish_reason="cancelled",
+            usage=Usage(prompt_tokens=0, completion_tokens=0),
+            stats=Stats(ttft_s=0, prefill_tps=0, decode_tps=0, peak_memory_bytes=0),
+            token_ids=(),
+        )
+    )
 
 
 def stats_of(record: StatsRecord | None) -> DoneChunk | None:

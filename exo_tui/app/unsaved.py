@@ -94,6 +94,15 @@ class UnsavedTurns:
         with self._lock:
             return sum(len(turn.messages) for turn in self._turns)
 
+    def stats(self, chat_id: str) -> list[Stats]:
+        """The stats of each message of a chat, as the store will hold them once its waiting
+        turns are in (none for a chat the store cannot read now)."""
+        try:
+            stored = [(entry.message, entry.stats) for entry in self._store.entries(chat_id)]
+        except ChatStoreError:  # not written yet (its turns wait here), or unreadable now
+            stored = []
+        return [record for _, record in self.apply(chat_id, stored)]
+
     def apply(
         self, chat_id: str, stored: Sequence[tuple[Message, Stats]]
     ) -> list[tuple[Message, Stats]]:

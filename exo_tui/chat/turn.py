@@ -8,6 +8,7 @@ the CLI prints them, the TUI draws them and the chat store keeps them, each in i
 from __future__ import annotations
 
 from collections.abc import Generator
+from typing import TypeVar, cast
 
 from engine.generate import CancelToken
 from engine.types import (
@@ -27,6 +28,19 @@ from exo_tui.chat.tools import ToolRegistry
 MAX_TOOL_ROUNDS = 5
 
 TurnEvent = Chunk | ToolResult
+T = TypeVar("T")
+
+
+def coalesce(pending: list[T], event: T) -> None:
+    """Append `event`, joining it to the last one when both are text (or both reasoning): a
+    reader that fell behind the tokens takes fewer, longer pieces."""
+    last = pending[-1] if pending else None
+    if isinstance(event, TextChunk) and isinstance(last, TextChunk):
+        pending[-1] = cast(T, TextChunk(text=last.text + event.text))
+    elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
+        pending[-1] = cast(T, ReasoningChunk(text=last.text + event.text))
+    else:
+        pending.append(event)
 
 
 def chat_turn(

@@ -247,13 +247,14 @@ class ChatStore:
 
     _SUMMARY_SQL = """
         SELECT c.id, c.title, c.model, c.created_at, c.updated_at,
-               (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.settings
+               (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id), c.settings,
+               c.parent_id, c.fork_position
         FROM chats c
     """
 
     @staticmethod
     def _summary(row: Sequence[Any]) -> ChatSummary:
-        chat_id, title, model, created_at, updated_at, count, settings = row
+        chat_id, title, model, created_at, updated_at, count, settings, parent, fork_at = row
         return ChatSummary(
             id=chat_id,
             title=title or DEFAULT_TITLE,
@@ -262,6 +263,8 @@ class ChatStore:
             updated_at=as_time(updated_at),
             message_count=count,
             settings=settings_of(settings),
+            parent_id=parent,
+            fork_position=fork_at if parent is not None else None,
         )
 
     def get_chat(self, chat_id: str) -> ChatSummary:
@@ -384,7 +387,8 @@ class ChatStore:
     ) -> list[int]:
         """Add a turn's messages at the end of its chat in one transaction: all or none.
 
-        The chat is created first if the file does not hold it yet (a chat begun in memory).
+        The chat is created first if the file does not hold it yet (a chat begun in memory);
+        a branch whose parent is gone by then (deleted) is written without the link.
         ``stats``: each message's stats, in order (as ``append``'s; missing ones are None).
         ``replace_from``: drop the chat's messages from this position on first, in the same
         transaction (a regenerated answer, an edited message). Returns the messages' positions.
@@ -398,8 +402,9 @@ class ChatStore:
         now = time.time()
         with self._write() as conn:
             conn.execute(
-                "INSERT OR IGNORE INTO chats (id, title, model, created_at, updated_at, settings) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO chats (id, title, model, created_at, updated_at, settings, "
+                "parent_id, fork_position) "
+                "VALUES (?, ?, ?, ?, ?, ?, (SELECT id FROM chats WHERE id = ?), ?)",
                 (
                     chat.id,
                     None if chat.title == DEFAULT_TITLE else chat.title,
@@ -407,6 +412,8 @@ class ChatStore:
                     chat.created_at.timestamp(),
                     chat.created_at.timestamp(),
                     chat.settings.model_dump_json(),
+                    chat.parent_id,
+                    chat.fork_position,
                 ),
             )
             (title,) = self._require_chat(conn, chat.id)

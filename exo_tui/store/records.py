@@ -39,7 +39,9 @@ TITLE_LENGTH = 40
 
 
 class ChatSummary(Frozen):
-    """A chat as the chat list shows it. ``updated_at`` is when its last message was written."""
+    """A chat as the chat list shows it. ``updated_at`` is when its last message was written.
+    A branch (forked from an earlier message of another chat) names its ``parent_id`` and the
+    position it forked at: it holds the parent's messages before it, then its own."""
 
     id: str
     title: str
@@ -48,6 +50,8 @@ class ChatSummary(Frozen):
     updated_at: datetime
     message_count: int
     settings: ChatSettings = ChatSettings()
+    parent_id: str | None = None
+    fork_position: int | None = None
 
 
 class StoredMessage(Frozen):
@@ -101,9 +105,13 @@ def as_time(seconds: float) -> datetime:
 
 
 def new_chat(
-    model: str, title: str | None = None, settings: ChatSettings | None = None
+    model: str,
+    title: str | None = None,
+    settings: ChatSettings | None = None,
+    fork_of: tuple[str, int] | None = None,
 ) -> ChatSummary:
-    """A chat that exists only in memory until ``append_turn`` writes its first turn."""
+    """A chat that exists only in memory until ``append_turn`` writes its first turn.
+    ``fork_of``: the chat it branches from and the position it forks at."""
     now = as_time(time.time())
     clean = " ".join(title.split()) if title is not None else ""
     return ChatSummary(
@@ -114,4 +122,6 @@ def new_chat(
         updated_at=now,
         message_count=0,
         settings=settings or ChatSettings(),
+        parent_id=fork_of[0] if fork_of else None,
+        fork_position=fork_of[1] if fork_of else None,
     )

@@ -48,7 +48,15 @@ def _chat_settings(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE chats ADD COLUMN settings TEXT")  # ChatSettings as JSON
 
 
-MIGRATIONS: tuple[Migration, ...] = (_schema_v1, _chat_settings)
+def _chat_forks(conn: sqlite3.Connection) -> None:
+    # A branch outlives its parent: deleting the parent only drops the link.
+    conn.execute(
+        "ALTER TABLE chats ADD COLUMN parent_id TEXT REFERENCES chats(id) ON DELETE SET NULL"
+    )
+    conn.execute("ALTER TABLE chats ADD COLUMN fork_position INTEGER")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_schema_v1, _chat_settings, _chat_forks)
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"

@@ -13,9 +13,10 @@ from pathlib import Path
 from textual.pilot import Pilot
 from textual.widgets import Footer, Input, Static
 
-from engine.types import DoneChunk, Stats, TextChunk, ToolCallChunk, ToolResult, Usage
+from engine.types import DoneChunk, Message, Stats, TextChunk, ToolCallChunk, ToolResult, Usage
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.chat_settings import ChatSettingsScreen
+from exo_tui.app.screens.fork_from import ForkFromScreen
 from exo_tui.app.screens.model_picker import ModelPicker
 from exo_tui.app.screens.nodes import NodesScreen
 from exo_tui.app.widgets.chat import ChatPane
@@ -37,6 +38,7 @@ from exo_tui.cluster.control.state import (
     Unloaded,
 )
 from exo_tui.hub.progress import DownloadProgress
+from exo_tui.store.records import new_chat
 from tests.app.helpers import fixed_stats, wait_until
 
 SIZE = (120, 36)
@@ -251,6 +253,44 @@ async def chat_settings(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await settle(app, pilot)
 
 
+FORKED_CHAT = (
+    ("what is 12 times 34?", "12 times 34 is **408**."),
+    ("and 408 divided by 17?", "408 divided by 17 is **24**."),
+    ("how many layers does my node hold?", "Your node holds all **4** layers of tiny-llama."),
+)
+
+
+async def fork(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """Fork from a message (F9): a chat's questions, newest first, to edit and branch from."""
+    await _model_chosen(app, pilot)
+    conversation = app.conversation
+    messages = [Message(role="system", content=conversation.system_prompt)]
+    for question, answer in FORKED_CHAT:
+        messages += [
+            Message(role="user", content=question),
+            Message(role="assistant", content=answer),
+        ]
+    conversation.summary = new_chat("tiny-llama", FORKED_CHAT[0][0])
+    conversation.messages = messages
+    pane = app.query_one(ChatPane)
+    for question, text in FORKED_CHAT:  # as answered, so the pictures do not differ
+        await pane.add_user(question)
+        answer = await pane.start_answer()
+        await answer.feed(TextChunk(text=text))
+        await answer.feed(
+            DoneChunk(
+                finish_reason="stop",
+                usage=Usage(prompt_tokens=212, completion_tokens=11, cached_tokens=180),
+                stats=Stats(ttft_s=0.031, prefill_tps=850.0, decode_tps=412.0, peak_memory_bytes=0),
+                token_ids=(),
+            )
+        )
+    await pilot.press("f9")
+    await wait_until(pilot, lambda: isinstance(app.screen, ForkFromScreen))
+    await pilot.press("down")
+    await settle(app, pilot)
+
+
 SCENES: dict[str, Scene] = {
     "empty": empty,
     "placement": placement,
@@ -264,4 +304,5 @@ SCENES: dict[str, Scene] = {
     "downloading": downloading,
     "fetching": fetching,
     "chat_settings": chat_settings,
+    "fork": fork,
 }

@@ -17,8 +17,8 @@ def keymap_file(tmp_path: Path, *lines: str) -> Path:
 
 
 def test_the_readme_ids_of_the_prompt_and_the_dialogs_are_known(tmp_path: Path) -> None:
-    path = keymap_file(tmp_path, '"prompt.send" = "f9"', '"download.confirm" = "y"')
-    assert load_keymap(path) == {"prompt.send": "f9", "download.confirm": "y"}
+    path = keymap_file(tmp_path, '"prompt.send" = "f11"', '"download.confirm" = "y"')
+    assert load_keymap(path) == {"prompt.send": "f11", "download.confirm": "y"}
 
 
 def test_a_key_that_is_no_key_is_refused_with_its_line(tmp_path: Path) -> None:

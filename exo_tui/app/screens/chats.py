@@ -2,7 +2,8 @@
 
 Typing filters the list (titles, then what the messages say, each chat with the words around
 its first match: a search across chats). The table keeps the focus, so the list's own keys
-(Del, F2, Enter) stay what they are while a filter is typed.
+(Del, F2, Enter) stay what they are while a filter is typed. A branch (a chat forked from an
+earlier message of another) sits under the chat it forks from; filtered, it names it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,32 @@ def write_export(folder: Path, chat: ChatSummary, markdown: str) -> Path:
     path = folder / f"{chat.created_at:%Y%m%d-%H%M%S}-{slug}.md"
     path.write_text(markdown, encoding="utf-8")
     return path
+
+
+BRANCH = "⑂ "
+
+
+def as_tree(chats: list[ChatSummary]) -> list[tuple[ChatSummary, int]]:
+    """Each chat with its depth: every branch right under the chat it forks from, in the
+    list's order; a chat that forks from none (or from one no longer listed) at depth 0."""
+    listed = {chat.id for chat in chats}
+    branches: dict[str, list[ChatSummary]] = {}
+    roots: list[ChatSummary] = []
+    for chat in chats:
+        if chat.parent_id is not None and chat.parent_id in listed:
+            branches.setdefault(chat.parent_id, []).append(chat)
+        else:
+            roots.append(chat)
+    rows: list[tuple[ChatSummary, int]] = []
+
+    def add(chat: ChatSummary, depth: int) -> None:
+        rows.append((chat, depth))
+        for branch in branches.get(chat.id, []):
+            add(branch, depth + 1)
+
+    for root in roots:
+        add(root, 0)
+    return rows
 
 
 class ChatsScreen(ModalScreen[ChatSummary | None]):
@@ -94,11 +121,21 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
     def _fill(self) -> None:
         table = self.query_one(DataTable)
         table.clear()
-        self._chats = self._matching(self._store.list_chats())
+        every = self._store.list_chats()
+        matching = self._matching(every)
+        # Filtered, the list is what matched, best first: a branch names its parent instead.
+        rows = as_tree(matching) if not self.filter else [(chat, 0) for chat in matching]
+        self._chats = [chat for chat, _ in rows]
+        titles = {chat.id: chat.title for chat in every}
         self._show_filter()
-        for chat in self._chats:
+        for chat, depth in rows:
+            title = chat.title
+            if chat.parent_id is not None:
+                title = "  " * (depth - 1) + BRANCH + title
+                if depth == 0 and chat.parent_id in titles:
+                    title += f" · from {titles[chat.parent_id]}"
             table.add_row(
-                f"● {chat.title}" if chat.id == self._open_chat else chat.title,
+                f"● {title}" if chat.id == self._open_chat else title,
                 self._snippet(chat),
                 chat.model,
                 str(chat.message_count),
@@ -218,7 +255,9 @@ class ChatsScreen(ModalScreen[ChatSummary | None]):
         messages = "1 message" if chat.message_count == 1 else f"{chat.message_count} messages"
         confirm = self.query_one("#chats-confirm", Label)
         again = shown("chats.delete", self.BINDINGS)
-        confirm.update(f"Delete “{chat.title}” ({messages})? [b]{again}[/] again deletes it.")
+        branches = sum(1 for other in self._store.list_chats() if other.parent_id == chat.id)
+        kept = {0: "", 1: " Its branch stays."}.get(branches, f" Its {branches} branches stay.")
+        confirm.update(f"Delete “{chat.title}” ({messages})? [b]{again}[/] again deletes it.{kept}")
         confirm.display = True
 
     def _disarm(self) -> None:

@@ -38,6 +38,7 @@ from exo_tui.app.keys import shown
 from exo_tui.app.messages import ClusterChanged, ModelLoaded
 from exo_tui.app.screens.chat_settings import ChatSettingsScreen
 from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
+from exo_tui.app.screens.fork_from import ForkFromScreen
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.selection import Selection
 from exo_tui.app.widgets.chat import ChatPane
@@ -188,6 +189,11 @@ class MainScreen(Screen[None]):
 
     def action_edit_last(self) -> None:
         self._host.conversation.edit_last()
+
+    def action_fork(self) -> None:
+        conversation = self._host.conversation
+        if conversation.can_fork():
+            self.app.push_screen(ForkFromScreen(conversation.messages), conversation.fork_from)
 
     def action_chat_settings(self) -> None:
         conversation = self._host.conversation
