@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 
 from engine.errors import EngineError
 from engine.loading import run_loading
-from engine.types import ChatRequest, DoneChunk, Message, ReasoningChunk, TextChunk
+from engine.types import (
+    ChatRequest,
+    DoneChunk,
+    Message,
+    PrefillProgress,
+    ReasoningChunk,
+    TextChunk,
+)
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keys import shown
@@ -48,7 +55,9 @@ ATTACH_POLL_S = 0.005  # how often a finished answer looks whether it is on scre
 def coalesce(pending: list[TurnEvent], event: TurnEvent) -> None:
     """Append `event`, joining it to the last one when both are text (or both reasoning)."""
     last = pending[-1] if pending else None
-    if isinstance(event, TextChunk) and isinstance(last, TextChunk):
+    if isinstance(event, PrefillProgress) and isinstance(last, PrefillProgress):
+        pending[-1] = event  # only the latest is shown
+    elif isinstance(event, TextChunk) and isinstance(last, TextChunk):
         pending[-1] = TextChunk(text=last.text + event.text)
     elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
         pending[-1] = ReasoningChunk(text=last.text + event.text)
@@ -358,6 +367,11 @@ class Conversation:
         self.messages.extend(message.added)
         if message.error:
             self._app.notify(message.error, severity="error", timeout=10)
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether the answer streaming reports its prefill's progress (no words yet)."""
+        return self.generating and self._answer is not None and self._answer.prefilling
 
     def refuse_while_answering(self) -> bool:
         """True (and a word to the user) when an answer streams: what changes the chat or the
