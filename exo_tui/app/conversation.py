@@ -371,7 +371,8 @@ class Conversation:
     @property
     def prefilling(self) -> bool:
         """Whether the answer streaming reports its prefill's progress (no words yet)."""
-        return self.generating and self._answer is not None and self._answer.prefilling
+        answers = self._app.query(AnswerView)  # the one streaming is the last
+        return self.generating and bool(answers) and answers.last().prefilling
 
     def refuse_while_answering(self) -> bool:
         """True (and a word to the user) when an answer streams: what changes the chat or the

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from markdown_it import MarkdownIt
@@ -198,7 +198,9 @@ class AnswerView(SizedByTheLayout, Widget):
         # A streamed answer says it is waiting (and for how long) until its first chunk. It
         # draws that itself while it holds nothing (a widget with nothing to show would show
         # its own name), so the first words replace it in the layout they cost anyway.
-        self._wait_started = time.monotonic()
+        # What the wait's seconds are counted on (a snapshot's scene stops it).
+        self.clock: Callable[[], float] = time.monotonic
+        self.wait_started = self.clock()
         self._streamed = not messages
         self._stopping: Static | None = None  # "Stopping…", once the user asked
         self._prefill: PrefillProgress | None = None  # how far the prompt has gone, until words
@@ -228,7 +230,7 @@ class AnswerView(SizedByTheLayout, Widget):
     def render(self) -> RenderResult:
         if self.children or not self._streamed:
             return super().render()
-        waited = time.monotonic() - self._wait_started
+        waited = self.clock() - self.wait_started
         doing = "waiting for the model"
         if self._prefill is not None:
             doing = f"prefilling {self._prefill.done:,} / {self._prefill.total:,} tokens"
