@@ -270,6 +270,8 @@ def generate(
     """
     started = time.perf_counter()
     cancel = cancel or NeverCancelled()
+    if agree is None and loaded.ranks > 1:
+        agree = _no_steps  # the ranks must take the same steps: with no say, none
     prompt, max_tokens = prepared(loaded, request)
     cache, rest = loaded.prompt_cache.take(loaded.model, prompt)
     answer = Answer(loaded, request, prompt, len(prompt) - len(rest), max_tokens, started)
@@ -327,6 +329,10 @@ def generate(
         raise
     kept()
     yield from answer.done()
+
+
+def _no_steps(size: int) -> int:
+    return 0
 
 
 # Two different endings of the next message: what their renderings share is what the next turn

@@ -46,6 +46,7 @@ class LoadedModel:
     kernels: str = field(default_factory=kernels.describe)
     prompt_cache: ConversationCache = field(default_factory=ConversationCache)
     prefill_pace: PrefillPace = field(default_factory=PrefillPace)  # its measured speed
+    ranks: int = 1  # the ranks of a ring that run it together (engine.parallel), 1: alone
 
     @property
     def context_length(self) -> int | None:

@@ -7,6 +7,7 @@ second (`PrefillPace(step_s=...)`): each step is then one token, whatever the ma
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,6 +135,8 @@ def test_ranks_take_rank_zeros_steps(loaded: LoadedModel) -> None:
     assert [p.done for p in progress_of(chunks)] == [*range(10, total - 1, 10), total - 1, total]
     none = list(generate(slow(loaded), request, agree=lambda size: 0))
     assert not progress_of(none)  # rank 0 saw no need: nobody steps
+    shard = dataclasses.replace(slow(loaded), ranks=2)
+    assert not progress_of(list(generate(shard, request)))  # ranks with no say take no steps
 
 
 def test_the_batch_reports_a_slow_prefill_up_to_all_then_the_same_tokens(
