@@ -317,6 +317,7 @@ def generate(
             )
             for index, token in enumerate(tokens):
                 if index == 0 and prefilled:  # the steps said how far they went: now all
+                    prefilled = len(rest)  # (the first token's pass fed the rest)
                     yield PrefillProgress(done=len(rest), total=len(rest))
                 yield from answer.token(token)
                 if answer.finish is not None:

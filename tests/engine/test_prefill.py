@@ -181,3 +181,25 @@ def test_a_cancel_between_the_batchs_steps_keeps_what_was_prefilled(
     # The first step before it joined the batch, then one a round until the cancel.
     assert [p.done for p in progress] == [FIRST_STEP, FIRST_STEP + 1, FIRST_STEP + 2]
     assert loaded.prompt_cache.reusable(prompt) == progress[-1].done
+
+
+def test_an_answer_left_unread_in_its_prefill_puts_back_what_its_cache_holds(
+    loaded: LoadedModel,
+) -> None:
+    request = chat(LONG)
+    prompt = render_prompt(loaded, request)
+    measured = fast(loaded).prefill_pace
+    cold = list(generate(loaded, request))[-1]
+    assert isinstance(cold, DoneChunk)
+    for stop_at in (FIRST_STEP, len(prompt)):  # after a step, and after the whole prefill
+        chunks = generate(slow(loaded), request)
+        for chunk in chunks:
+            if isinstance(chunk, PrefillProgress) and chunk.done == stop_at:
+                break
+        chunks.close()  # the caller stops listening there
+        assert loaded.prompt_cache.reusable([*prompt, 5]) == stop_at
+        loaded.prefill_pace = measured
+        warm = list(generate(loaded, request))[-1]  # from what was kept
+        assert isinstance(warm, DoneChunk)
+        assert warm.usage.cached_tokens == min(stop_at, len(prompt) - 1)
+        assert warm.token_ids == cold.token_ids  # what was kept is true
