@@ -339,7 +339,9 @@ class Conversation:
             if due and answer.is_attached:
                 answer.post_message(AnswerView.Feed(pending))
                 pending = []
-                pacer.sent(now)
+                # A progress report repaints one line: the first words still go at once.
+                if not isinstance(event, PrefillProgress):
+                    pacer.sent(now)
 
         try:
             added = run_loading(chat_turn(backend, request, self.tools, cancel), show)
