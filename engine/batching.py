@@ -53,8 +53,9 @@ from engine.generate import (
     prepared,
 )
 from engine.loading import LoadedModel
+from engine.prefill import timed_feed
 from engine.sampling import request_sampler
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, PrefillProgress
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +102,19 @@ class _PrefillCaller:
 
 @dataclass
 class _Live:
-    """A request in the batch: its id, its answer so far and where its chunks go."""
+    """A request in the batch: its id, its answer so far and where its chunks go; and, while
+    the batch prefills its prompt, how far that has gone of how many tokens."""
 
     id: int
     answer: Answer
     caller: _Caller
+    prefill_total: int = 0
+    prefill_done: int = 0
+    prefill_offset: int = 0  # fed before it joined the batch (whose progress starts after it)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefill_done < self.prefill_total
 
 
 class _PrefillStop:
@@ -324,8 +333,10 @@ class BatchEngine:
 
         A short rest of the prompt goes through the model here, in the one pass that also gives
         the first token, as `engine.generate` does: the batch would prefill it, then step its
-        last token, a second pass over every weight before the first token. A longer rest is
-        prefilled by the batch, a step's share at a time, so the others go on decoding."""
+        last token, a second pass over every weight before the first token. A longer rest, or
+        one that would take more than a step (engine.prefill), is prefilled by the batch, a
+        step's share at a time: the others go on decoding, its progress is reported after each
+        step, and a cancel lands between them."""
         prompt = list(admission.prompt)
         request = admission.request
         model = self.loaded.model
@@ -337,22 +348,29 @@ class BatchEngine:
         answer.prefilling()
         sampler = request_sampler(request)
         one_pass_tokens = ONE_PASS_TOKENS_PER_LAYER * self.loaded.card.num_layers
-        if len(rest) > one_pass_tokens:
+        pace = self.loaded.prefill_pace
+        total = len(rest)
+        probed = self._probe(rest, cache, caller) if pace.tokens_per_s is None else 0
+        if len(rest) - probed > one_pass_tokens or pace.step(len(rest) - probed):
             (uid,) = self._generator().insert(
-                [rest],
+                [rest[probed:]],
                 max_tokens=[admission.max_tokens],
                 caches=[cache],
-                all_tokens=[prompt[:cached]],
+                all_tokens=[prompt[: cached + probed]],
                 samplers=[sampler],
             )
-            self._live[uid] = _Live(admission.id, answer, caller)
+            self._live[uid] = _Live(admission.id, answer, caller, total, probed, probed)
             return
         name = self.loaded.card.name
         try:
-            first = first_token(model, rest, cache, sampler, one_pass_tokens, name, self._stream)
+            first = first_token(
+                model, rest[probed:], cache, sampler, one_pass_tokens, name, self._stream, pace
+            )
         except ModelFormatError as error:  # the weights are not numbers: raised in its caller
             self._reply(admission.id, caller, [Refused(cause=error.cause, fix=error.fix)])
             return
+        if probed:
+            caller.replies.put(PrefillProgress(done=total, total=total))
         token = cast(int, first.item())
         for chunk in answer.token(token):
             caller.replies.put(chunk)
@@ -369,9 +387,30 @@ class BatchEngine:
         )
         self._live[uid] = _Live(admission.id, answer, caller)
 
+    def _probe(self, rest: list[int], cache: list[Any], caller: _Caller) -> int:
+        """The model's first prompt: a small first step measures its speed, which sizes the
+        rest (engine.prefill); the tokens it fed."""
+        size = self.loaded.prefill_pace.step(len(rest))
+        if not size or size >= len(rest):
+            return 0
+        timed_feed(self.loaded.model, rest[:size], cache, self.loaded.prefill_pace, self._stream)
+        caller.replies.put(PrefillProgress(done=size, total=len(rest)))
+        return size
+
     def _step(self) -> None:
         batch = self._generator()
-        _, responses = batch.next()
+        prefilling = [live for live in self._live.values() if live.prefilling]
+        if not prefilling:
+            _, responses = batch.next()
+        else:
+            pace = self.loaded.prefill_pace
+            longest = max(live.prefill_total - live.prefill_done for live in prefilling)
+            # A step's share of the prompts in the batch; 0: the rest goes in one (capped).
+            batch.prefill_step_size = pace.step(longest, len(prefilling)) or PREFILL_STEP
+            with batch.stats() as stats:
+                prompted, responses = batch.next()
+            pace.record(stats.prompt_tokens, stats.prompt_time)
+            self._report_prefill(prompted)
         self.most_at_once = max(self.most_at_once, len(responses))
         for response in responses:
             live = self._live.get(response.uid)
@@ -388,6 +427,17 @@ class BatchEngine:
                 self._end(response.uid, response.prompt_cache, response.all_tokens)
             elif answer.finish is not None:  # a stop string
                 self._remove(response.uid)
+
+    def _report_prefill(self, prompted: list[Any]) -> None:
+        """Tell each request whose prompt went a step further how far it has gone."""
+        for response in prompted:
+            live = self._live.get(response.uid)
+            if live is None or not live.prefill_total:
+                continue
+            done = min(live.prefill_offset + int(response.progress[0]), live.prefill_total)
+            if done > live.prefill_done:
+                live.prefill_done = done
+                live.caller.replies.put(PrefillProgress(done=done, total=live.prefill_total))
 
     def _finite(self, response: Any) -> bool:
         """Whether a request's first logits (of a prompt the batch prefilled) are numbers; if

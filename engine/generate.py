@@ -20,8 +20,9 @@ from engine.errors import ModelFormatError, RequestError
 from engine.harmony import render_gpt_oss_prompt
 from engine.loading import LoadedModel
 from engine.parsers import tool_schema
+from engine.prefill import MAX_STEP, Agree, PrefillPace, feed, prefill_steps, timed_feed
 from engine.sampling import Sampler, request_sampler
-from engine.types import ChatRequest, Chunk, Message
+from engine.types import ChatRequest, Chunk, Message, PrefillProgress
 
 
 class CancelToken(Protocol):
@@ -131,13 +132,7 @@ def render_prompt(loaded: LoadedModel, request: ChatRequest) -> list[int]:
 # neither), which one pass computes for every token; the fewer the layers, the sooner that
 # extra work outweighs the saved pass.
 ONE_PASS_TOKENS_PER_LAYER = 32
-PREFILL_STEP = 2048  # tokens a step when a prefill is longer (mlx-lm's prefill step)
-
-
-def feed(model: Any, tokens: list[int], cache: list[Any]) -> None:
-    """Put `tokens` into `cache` (their logits are never computed: only the cache is evaluated)."""
-    model(mx.array(tokens)[None], cache=cache)
-    mx.eval([c.state for c in cache])
+PREFILL_STEP = MAX_STEP  # tokens a step when a prefill is longer (mlx-lm's prefill step)
 
 
 def last_position_logits(model: Any, tokens: mx.array, cache: list[Any]) -> mx.array:
@@ -181,14 +176,17 @@ def first_token(
     one_pass_tokens: int,
     name: str = "The model",
     stream: Any = None,
+    pace: PrefillPace | None = None,
 ) -> mx.array:
     """The token after `rest` (computed), with `rest` put into `cache`: the rest in one pass
     that gives the token (a rest longer than `one_pass_tokens`: all but its last token into the
-    cache first). On `stream`, mlx-lm's generation stream unless given.
+    cache first). On `stream`, mlx-lm's generation stream unless given; the speed goes into
+    `pace`.
 
     Raises ModelFormatError when the logits are not numbers."""
     last_pass = min(len(rest), PREFILL_STEP) if len(rest) <= one_pass_tokens else 1
     head, tail = rest[: len(rest) - last_pass], rest[len(rest) - last_pass :]
+    started = time.perf_counter()
     with mx.stream(stream or generation_stream):
         for start in range(0, len(head), PREFILL_STEP):
             feed(model, head[start : start + PREFILL_STEP], cache)
@@ -196,6 +194,8 @@ def first_token(
         first = sampler(logits - mx.logsumexp(logits, keepdims=True))
         finite = mx.all(mx.isfinite(logits))
         mx.eval(first, finite)
+    if pace is not None:
+        pace.record(len(rest), time.perf_counter() - started)
     if not finite.item():
         raise not_numbers(name)
     return first
@@ -219,13 +219,14 @@ def sampled_tokens(
     max_tokens: int,
     one_pass_tokens: int,
     name: str = "The model",
+    pace: PrefillPace | None = None,
 ) -> Iterator[int]:
     """The tokens that continue `rest` after `cache`: the first from `first_token`, then
     mlx-lm's `generate_step` (which overlaps building each step with computing the one before).
 
     Each token is fed to the model (into `cache`) before it comes out, except the first: it is
     fed with the step that computes the second."""
-    first = first_token(model, rest, cache, sampler, one_pass_tokens, name)
+    first = first_token(model, rest, cache, sampler, one_pass_tokens, name, pace=pace)
     yield cast(int, first.item())
     if max_tokens == 1:
         return
@@ -255,35 +256,69 @@ def prepared(loaded: LoadedModel, request: ChatRequest) -> tuple[list[int], int]
 
 
 def generate(
-    loaded: LoadedModel, request: ChatRequest, cancel: CancelToken | None = None
+    loaded: LoadedModel,
+    request: ChatRequest,
+    cancel: CancelToken | None = None,
+    agree: Agree | None = None,
 ) -> Generator[Chunk]:
-    """Stream the answer to `request`; the last chunk is always a DoneChunk.
+    """Stream the answer to `request`; the last chunk is always a DoneChunk. A prompt that
+    takes more than a step to prefill reports its progress first (PrefillProgress), and a
+    cancel between its steps ends the answer there. `agree`: on a ring's ranks, rank 0's size
+    of each step (see engine.prefill).
 
     Raises RequestError before anything is generated when the request cannot be served.
     """
     started = time.perf_counter()
     cancel = cancel or NeverCancelled()
+    if agree is None and loaded.ranks > 1:
+        agree = _no_steps  # the ranks must take the same steps: with no say, none
     prompt, max_tokens = prepared(loaded, request)
     cache, rest = loaded.prompt_cache.take(loaded.model, prompt)
     answer = Answer(loaded, request, prompt, len(prompt) - len(rest), max_tokens, started)
     sampler = request_sampler(request)
     mx.reset_peak_memory()
 
+    prefilled = 0  # of `rest`, before the first token's pass
+
     def kept() -> None:
         # The cache holds the prompt and every token generated (each was fed before it came
-        # out), unless generation stopped at the first token.
+        # out), unless generation stopped at the first token; or, stopped in the prefill, the
+        # prompt as far as it went.
+        if not answer.token_ids:
+            loaded.prompt_cache.keep(prompt[: len(prompt) - len(rest) + prefilled], cache)
+            return
         token_ids = answer.token_ids
         fed = token_ids[:-1] if len(token_ids) == 1 else token_ids
         loaded.prompt_cache.keep(prompt + fed, cache)
 
     try:
         with wired_limit(loaded.model, cast(Any, [generation_stream])):
+            answer.prefilling()
+            model, pace = loaded.model, loaded.prefill_pace
+            steps = prefill_steps(model, rest, cache, pace, cancel, agree, generation_stream)
+            for progress in steps:
+                prefilled = progress.done  # before the yield: a caller may stop listening there
+                yield progress
+            if prefilled and cancel.is_set():
+                answer.cancel()
+                kept()
+                yield from answer.done()
+                return
             one_pass_tokens = ONE_PASS_TOKENS_PER_LAYER * loaded.card.num_layers
             tokens = sampled_tokens(
-                loaded.model, rest, cache, sampler, max_tokens, one_pass_tokens, loaded.card.name
+                model,
+                rest[prefilled:],
+                cache,
+                sampler,
+                max_tokens,
+                one_pass_tokens,
+                loaded.card.name,
+                pace,
             )
-            answer.prefilling()
-            for token in tokens:
+            for index, token in enumerate(tokens):
+                if index == 0 and prefilled:  # the steps said how far they went: now all
+                    prefilled = len(rest)  # (the first token's pass fed the rest)
+                    yield PrefillProgress(done=len(rest), total=len(rest))
                 yield from answer.token(token)
                 if answer.finish is not None:
                     break
@@ -297,10 +332,14 @@ def generate(
     yield from answer.done()
 
 
+def _no_steps(size: int) -> int:
+    return 0
+
+
 # Two different endings of the next message: what their renderings share is what the next turn
 # starts with, whatever the user goes on to type.
 _PROBES = ("a", "z")
-PREFILL_CHUNK = 64  # tokens per step of the next-turn prefill; a cancel waits at most one step
+PREFILL_CHUNK = 64  # tokens per step of the next-turn prefill at most; a cancel waits one step
 
 
 def next_turn_prefix(loaded: LoadedModel, request: ChatRequest, draft: str = "") -> list[int]:
@@ -351,11 +390,13 @@ def prefill_next_turn(
     cache, rest = loaded.prompt_cache.take(loaded.model, prefix)
     held = len(prefix) - len(rest)
     model: Any = loaded.model
-    for start in range(0, len(rest), PREFILL_CHUNK):
-        if cancel.is_set():
-            break
-        chunk = rest[start : start + PREFILL_CHUNK]
-        feed(model, chunk, cache)
+    pace = loaded.prefill_pace
+    start = 0
+    while start < len(rest) and not cancel.is_set():
+        # A slow model's steps are smaller: a request that arrives waits at most about one.
+        chunk = rest[start : start + pace.at_most(PREFILL_CHUNK)]
+        timed_feed(model, chunk, cache, pace)
+        start += len(chunk)
         held += len(chunk)
     if held:  # what the cache holds goes back (take took it out), a cancelled prefill's too
         loaded.prompt_cache.keep(prefix[:held], cache)

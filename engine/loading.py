@@ -23,6 +23,7 @@ from engine.harmony import stop_token_ids
 from engine.kernels import routing
 from engine.models.cards import read_card
 from engine.models.weights import require_weight_files
+from engine.prefill import PrefillPace
 from engine.prompt_cache import ConversationCache
 from engine.types import LoadProgress, ModelCard
 
@@ -44,6 +45,8 @@ class LoadedModel:
     blas: str
     kernels: str = field(default_factory=kernels.describe)
     prompt_cache: ConversationCache = field(default_factory=ConversationCache)
+    prefill_pace: PrefillPace = field(default_factory=PrefillPace)  # its measured speed
+    ranks: int = 1  # the ranks of a ring that run it together (engine.parallel), 1: alone
 
     @property
     def context_length(self) -> int | None:

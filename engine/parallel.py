@@ -185,7 +185,9 @@ def load_shard(path: Path | str, spec: ShardSpec, group: mx.distributed.Group | 
 
     # A pipeline rank needs only its layers' weight files on disk (a per-shard download).
     own = (spec.start_layer, spec.end_layer) if spec.strategy == "pipeline" else None
-    return (yield from load_model(path, prepare=prepare, rank=spec.rank, layer_range=own))
+    loaded = yield from load_model(path, prepare=prepare, rank=spec.rank, layer_range=own)
+    loaded.ranks = spec.world_size
+    return loaded
 
 
 def join_pipeline(model: nn.Module, group: mx.distributed.Group, spec: ShardSpec) -> None:

@@ -172,6 +172,16 @@ class ToolResult(Frozen):
     ok: bool
 
 
+class PrefillProgress(Frozen):
+    """`done` of the `total` prompt tokens this answer prefills (those not cached) have gone
+    through the model. Only a prompt prefilled in more than one pass reports it, after each
+    step, before its first token; the last report says all of them."""
+
+    type: Literal["prefill"] = "prefill"
+    done: int
+    total: int
+
+
 class ErrorChunk(Frozen):
     type: Literal["error"] = "error"
     message: str
@@ -202,6 +212,6 @@ class DoneChunk(Frozen):
 
 
 Chunk = Annotated[
-    TextChunk | ReasoningChunk | ToolCallChunk | ErrorChunk | DoneChunk,
+    TextChunk | ReasoningChunk | ToolCallChunk | ErrorChunk | PrefillProgress | DoneChunk,
     Field(discriminator="type"),
 ]

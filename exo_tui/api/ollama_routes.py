@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, PrefillProgress
 from exo_tui.api.bodies import read_model
 from exo_tui.api.context import (
     checked,
@@ -223,7 +223,7 @@ async def _whole(events: AsyncIterator[Queued | Chunk], shape: Shape, started: f
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
             done = done or event
-        elif not isinstance(event, Queued):
+        elif not isinstance(event, Queued | PrefillProgress):  # (no wire word for one)
             parts.append(message_part(event))
     assert done is not None  # the scheduler always ends with one
     return shape(merged(parts), done, time.perf_counter() - started, None)
@@ -242,7 +242,7 @@ async def _lines(
         else:
             events = then(first, events)
         async for event in events:
-            if isinstance(event, Queued):
+            if isinstance(event, Queued | PrefillProgress):  # (no wire word for a prefill step)
                 continue
             if isinstance(event, ErrorChunk):
                 yield _line(ErrorOut(error=event.message))

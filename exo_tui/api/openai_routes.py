@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from engine.types import Chunk, DoneChunk, ErrorChunk
+from engine.types import Chunk, DoneChunk, ErrorChunk, PrefillProgress
 from exo_tui.api.bodies import read_model
 from exo_tui.api.context import (
     checked,
@@ -83,7 +83,7 @@ async def _whole(events: AsyncIterator[Queued | Chunk], model: str) -> ChatCompl
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
             done = done or event
-        elif not isinstance(event, Queued):
+        elif not isinstance(event, Queued | PrefillProgress):  # (no wire word for one)
             deltas.append(delta(event, sum(len(d.tool_calls or ()) for d in deltas)))
     assert done is not None  # the scheduler always ends with one
     return ChatCompletion(
@@ -119,7 +119,7 @@ async def _sse(
         if not isinstance(first, Queued):
             events = then(first, events)
         async for event in events:
-            if isinstance(event, Queued):
+            if isinstance(event, Queued | PrefillProgress):  # (no wire word for a prefill step)
                 continue
             if isinstance(event, ErrorChunk):
                 error = ErrorResponse(error=ErrorBody(message=event.message, type="server_error"))

@@ -22,6 +22,7 @@ from engine.types import (
     DoneChunk,
     ErrorChunk,
     Frozen,
+    PrefillProgress,
     Stats,
     Usage,
 )
@@ -233,8 +234,11 @@ class Scheduler:
             iterator = job.backend.generate(job.request, job)
             try:
                 for chunk in iterator:
-                    meter.saw(chunk, job)
-                    put(chunk)
+                    # Neither API has a word for a prefill's progress: a client waits for
+                    # its first token, as from any server.
+                    if not isinstance(chunk, PrefillProgress):
+                        meter.saw(chunk, job)
+                        put(chunk)
                     # After the last chunk, a client that leaves (having read it) cancels
                     # nothing: the answer was whole.
                     if job.cancel.is_set() and not isinstance(chunk, DoneChunk):

@@ -13,8 +13,8 @@ EXAMPLES = (
 )
 
 
-def model_state(state: ClusterState, answering: bool) -> str:
-    """`not loaded`, `loading 5/16`, `ready`, `answering`, `failed`."""
+def model_state(state: ClusterState, answering: bool, prefilling: bool = False) -> str:
+    """`not loaded`, `loading 5/16`, `ready`, `prefilling`, `answering`, `failed`."""
     status = state.instance_status
     if status is None or status == "placed":
         return "not loaded"
@@ -23,15 +23,19 @@ def model_state(state: ClusterState, answering: bool) -> str:
         done = sum(r.layers_loaded for r in loading)
         total = sum(r.layers_total for r in loading)
         return f"loading {done}/{total}" if total else "loading"
+    if answering and prefilling:
+        return "prefilling"
     if answering or status == "generating":
         return "answering"
     return status
 
 
-def chat_title(model: str | None, state: ClusterState, answering: bool) -> str:
+def chat_title(
+    model: str | None, state: ClusterState, answering: bool, prefilling: bool = False
+) -> str:
     if model is None:
         return "Chat"
-    return f"Chat · {model} · {model_state(state, answering)}"
+    return f"Chat · {model} · {model_state(state, answering, prefilling)}"
 
 
 def empty_hint(model: str | None, state: ClusterState) -> str:

@@ -1,9 +1,8 @@
 """The chat in the app: prompt, turn, stream, store; and the draft prefill while the user types.
 
-The app hands it the prompt's messages and the backend that answers; it never asks which kind
-of backend that is. Turns run in thread workers on the MLX thread; each finished turn is written
-to the store whole, and kept in memory until the store takes it.
-"""
+The app hands it the prompt's messages and the backend that answers, whatever its kind. Turns
+run in thread workers on the MLX thread; each finished turn goes to the store whole, and stays
+in memory until the store takes it."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from engine.types import (
     ChatRequest,
     DoneChunk,
     Message,
+    PrefillProgress,
     ReasoningChunk,
     TextChunk,
 )
@@ -410,7 +410,9 @@ class Conversation:
             if due and answer.is_attached:
                 answer.post_message(AnswerView.Feed(pending))
                 pending = []
-                pacer.sent(now)
+                # A progress report repaints one line: the first words still go at once.
+                if not isinstance(event, PrefillProgress):
+                    pacer.sent(now)
 
         try:
             added = run_loading(chat_turn(backend, request, self.tools, cancel), show)
@@ -574,9 +576,8 @@ class Conversation:
                 self._app.post_message(HistorySaved(self.unsaved.save()))
 
     def abandon(self) -> None:
-        """Quitting while the model is still inside one step (a long prefill on a slow model):
-        the turn is saved as it stands, what was answered with a "cancelled" stats line, and
-        what it still does is never saved."""
+        """Quitting with the model inside one long step: the turn is saved as it stands, with a
+        "cancelled" stats line, and what the step still gives is never saved."""
         with self._saving:
             self._abandoned = True
             turn = self._open_turn

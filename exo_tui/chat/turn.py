@@ -16,6 +16,7 @@ from engine.types import (
     Chunk,
     DoneChunk,
     Message,
+    PrefillProgress,
     ReasoningChunk,
     TextChunk,
     ToolCall,
@@ -35,7 +36,9 @@ def coalesce(pending: list[T], event: T) -> None:
     """Append `event`, joining it to the last one when both are text (or both reasoning): a
     reader that fell behind the tokens takes fewer, longer pieces."""
     last = pending[-1] if pending else None
-    if isinstance(event, TextChunk) and isinstance(last, TextChunk):
+    if isinstance(event, PrefillProgress) and isinstance(last, PrefillProgress):
+        pending[-1] = event  # only the latest counts
+    elif isinstance(event, TextChunk) and isinstance(last, TextChunk):
         pending[-1] = cast(T, TextChunk(text=last.text + event.text))
     elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
         pending[-1] = cast(T, ReasoningChunk(text=last.text + event.text))

@@ -15,6 +15,7 @@ from engine.types import (
     LoadProgress,
     ModelCard,
     ModelReady,
+    PrefillProgress,
     ReasoningChunk,
     TextChunk,
     ToolCallChunk,
@@ -142,6 +143,8 @@ class TextOutput:
             case ErrorChunk(message=message):
                 self.exit_code = 1
                 self._console.print(f"\n[red]error:[/red] {message}", markup=True)
+            case PrefillProgress():
+                pass  # the answer text alone goes to stdout; JSON Lines carry the progress
             case DoneChunk(usage=usage, stats=stats, finish_reason=reason):
                 sys.stdout.write("\n")
                 self._console.print(

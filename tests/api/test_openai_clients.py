@@ -10,6 +10,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
+from engine.prefill import PrefillPace
 from exo_tui.chat.backend import LocalBackend
 from exo_tui.chat.tools import BUILTIN_TOOLS, calculate
 from tests.api.conftest import Serve
@@ -176,3 +177,29 @@ def test_stop_strings_cut_the_answer(serve: Serve, demo_backend: LocalBackend) -
     streamed = api.chat.completions.create(**ask, max_tokens=40, stop=stop, stream=True)
     text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
     assert text == full[: full.index(stop)]
+
+
+def test_a_stepped_prefill_sends_nothing_until_the_first_words(
+    serve: Serve, tiny_backend: LocalBackend
+) -> None:
+    loaded = tiny_backend.loaded
+    pace = loaded.prefill_pace
+    loaded.prefill_pace = PrefillPace(step_s=1e-6)  # too slow for one step: one token a step
+    loaded.prompt_cache.clear()
+    try:
+        stream = client(serve(tiny_backend).url).chat.completions.create(
+            model=tiny_backend.card.name,
+            messages=[{"role": "user", "content": "Tell me about the sea. " * 20}],
+            temperature=0,
+            max_tokens=4,
+            stream=True,
+        )
+        chunks = list(stream)
+    finally:
+        loaded.prefill_pace = pace
+        loaded.prompt_cache.clear()
+    deltas = [c.choices[0] for c in chunks if c.choices]
+    assert deltas[0].delta.role == "assistant" and deltas[-1].finish_reason == "length"
+    # Between the role and the end: words only (a prefill step has no delta to send).
+    assert all(d.delta.content for d in deltas[1:-1]), deltas
+    assert len(deltas) - 2 >= 1

@@ -10,7 +10,7 @@ from typing import Any
 from textual.pilot import Pilot
 
 from engine.generate import CancelToken
-from engine.types import ChatRequest, Chunk
+from engine.types import ChatRequest, Chunk, PrefillProgress
 from exo_tui.chat.backend import Backend
 from exo_tui.cluster.control.state import NodeStats
 
@@ -53,7 +53,7 @@ class HeldBackend:
 
     def __init__(self, backend: Backend, held: bool = True, after: int = 0) -> None:
         """`held` False: it answers at once, and only records the requests. `after`: how many
-        chunks it lets through before it holds."""
+        chunks it lets through before it holds (the prefill's progress aside)."""
         self._backend = backend
         self._after = after
         self.go = threading.Event()
@@ -67,10 +67,12 @@ class HeldBackend:
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         self.requests.append(request)
         chunks = self._backend.generate(request, cancel)
-        for _ in range(self._after):
+        let_through = 0
+        while let_through < self._after:
             chunk = next(chunks, None)
             if chunk is None:
                 return
+            let_through += not isinstance(chunk, PrefillProgress)
             yield chunk
         while not self.go.wait(0.01):
             if cancel is not None and cancel.is_set():  # stopped, or the app quits

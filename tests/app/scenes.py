@@ -13,7 +13,16 @@ from pathlib import Path
 from textual.pilot import Pilot
 from textual.widgets import Footer, Input, Static
 
-from engine.types import DoneChunk, Message, Stats, TextChunk, ToolCallChunk, ToolResult, Usage
+from engine.types import (
+    DoneChunk,
+    Message,
+    PrefillProgress,
+    Stats,
+    TextChunk,
+    ToolCallChunk,
+    ToolResult,
+    Usage,
+)
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.chat_settings import ChatSettingsScreen
 from exo_tui.app.screens.fork_from import ForkFromScreen
@@ -123,6 +132,22 @@ async def chatting(app: ExoTuiApp, pilot: Pilot[None]) -> None:
             token_ids=(),
         )
     )
+    await settle(app, pilot)
+
+
+async def prefilling(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """A slow model's prompt going through in steps (engine.prefill), the first words not yet."""
+    await _model_chosen(app, pilot)
+    node, model, total = _placed(app)
+    app.dispatch(LoadStarted(node_id=node, model=model, total=total))
+    app.dispatch(LoadFinished(node_id=node, model=model, total=total))
+    pane = app.query_one(ChatPane)
+    await pane.add_user("Summarise this chapter: " + "the sea, the ships and the ring. " * 6)
+    answer = await pane.start_answer()
+    answer.clock = lambda: answer.wait_started + 42  # the seconds shown, whatever the machine
+    app.conversation.generating = True  # as a turn under way (the border: prefilling)
+    await answer.feed(PrefillProgress(done=12, total=51))
+    await wait_until(pilot, lambda: "prefilling" in str(app.screen.query_one("#chat").border_title))
     await settle(app, pilot)
 
 
@@ -296,6 +321,7 @@ SCENES: dict[str, Scene] = {
     "placement": placement,
     "loading": loading,
     "chatting": chatting,
+    "prefilling": prefilling,
     "error": error,
     "cluster": cluster,
     "nodes": nodes,

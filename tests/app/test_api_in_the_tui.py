@@ -50,7 +50,9 @@ async def test_a_client_is_answered_by_the_loaded_model_and_shown_in_the_panel(
             cells = [table.get_cell(row.key, "state") for row in table.ordered_rows]
             return [c.plain if isinstance(c, Text) else str(c) for c in cells]
 
-        await wait_until(pilot, lambda: states() and states()[0] in ("done", "cancelled", "error"))
+        await wait_until(
+            pilot, lambda: bool(states()) and states()[0] in ("done", "cancelled", "error")
+        )
         assert states() == ["done"], app.api.board.snapshot() if app.api else None
         assert service.url in str(app.query_one("#requests-url").render())
     # Quitting closed the port.

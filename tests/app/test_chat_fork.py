@@ -186,6 +186,7 @@ def test_branches_sit_under_the_chat_they_fork_from_at_any_depth() -> None:
 async def test_the_fork_key_keeps_out_of_the_footer_at_80_by_24(models_dir: Path) -> None:
     app = make_app(models_dir)
     async with app.run_test(size=(80, 24)) as pilot:
+
         def shown() -> list[str]:  # laid out: a key not yet placed has no width
             return [key.key for key in app.screen.query(FooterKey) if key.region.width > 0]
 

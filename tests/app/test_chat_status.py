@@ -6,10 +6,14 @@ from pathlib import Path
 
 import pytest
 from textual.containers import Vertical
+from textual.pilot import Pilot
 
+from engine.prefill import PrefillPace
 from exo_tui.app.chat_status import EXAMPLES, model_state
-from exo_tui.app.widgets.chat import ChatPane, StatsLine
+from exo_tui.app.main import ExoTuiApp
+from exo_tui.app.widgets.chat import AnswerView, ChatPane, StatsLine
 from exo_tui.app.widgets.prompt import PromptInput
+from exo_tui.chat.backend import LocalBackend
 from exo_tui.cluster.control.placement import Placement, place
 from exo_tui.cluster.control.state import (
     ClusterState,
@@ -101,3 +105,35 @@ async def test_a_model_asked_for_by_name_waits_for_ctrl_l(models_dir: Path) -> N
         await wait_until(pilot, lambda: chat.border_title == "Chat · tiny-llama · not loaded")
         await pilot.pause(0.5)
         assert app.conversation.backend is None
+
+
+async def test_a_slow_prefill_shows_its_progress_and_esc_stops_it_between_steps(
+    models_dir: Path,
+) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.screen.query_one("#chat", Vertical)
+        await launch(app, pilot)
+        backend = app.conversation.backend
+        assert isinstance(backend, LocalBackend)
+        # A model too slow for its prompt to go in one step: one token a step (engine.prefill).
+        backend.loaded.prefill_pace = PrefillPace(step_s=1e-6)
+        app.query_one(PromptInput).text = "Tell me about the sea and the ships. " * 50
+        await pilot.press("enter")
+        answer = await wait_until_answer(app, pilot)
+        await wait_until(pilot, lambda: chat.border_title == "Chat · tiny-llama · prefilling")
+        line = str(answer.render())
+        assert line.startswith("prefilling ") and line.endswith(" s · Esc stops"), line
+        done, total = (int(n.replace(",", "")) for n in line.split()[1:4:2])
+        assert 0 < done < total
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: bool(answer.query(StatsLine)), timeout=30)
+        stats = answer.query_one(StatsLine)
+        assert stats.done.finish_reason == "cancelled"
+        assert stats.done.usage.completion_tokens == 0  # stopped inside the prefill
+        await wait_until(pilot, lambda: chat.border_title == "Chat · tiny-llama · ready")
+
+
+async def wait_until_answer(app: ExoTuiApp, pilot: Pilot[None]) -> AnswerView:
+    await wait_until(pilot, lambda: bool(app.query(AnswerView)))
+    return app.query(AnswerView).last()

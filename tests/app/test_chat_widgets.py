@@ -16,6 +16,7 @@ from engine.types import (
     ErrorChunk,
     FinishReason,
     Message,
+    PrefillProgress,
     ReasoningChunk,
     Stats,
     TextChunk,
@@ -487,3 +488,20 @@ async def test_stopping_is_said_at_once_and_goes_with_the_stats() -> None:
         await wait_until(pilot, lambda: not answer.query(".answer-wait"))
         assert answer.query(StatsLine)
         assert "tok/s" not in plain(answer.query_one(StatsLine))  # one token gives no rate
+
+
+@pytest.mark.anyio
+async def test_a_stepped_prefill_shows_how_far_it_has_gone_until_the_first_words() -> None:
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        pane, answer = await start(pilot)
+        await answer.feed(PrefillProgress(done=12, total=51))
+        assert str(answer.render()) == "prefilling 12 / 51 tokens · 0 s · Esc stops"
+        assert answer.prefilling
+        await answer.feed(PrefillProgress(done=1024, total=2048))
+        assert str(answer.render()).startswith("prefilling 1,024 / 2,048 tokens · ")
+        await wait_until(pilot, lambda: "· 1 s ·" in str(answer.render()), timeout=5)
+        await answer.feed(TextChunk(text="Hello"))
+        await wait_until(pilot, lambda: bool(answer.children))
+        assert not answer.prefilling
+        assert "prefilling" not in str(answer.render())
+        assert answer.text == "Hello"

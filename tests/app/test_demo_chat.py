@@ -27,8 +27,10 @@ async def test_cluster_question_calls_cluster_status_and_answers_from_it() -> No
         await wait_until(pilot, lambda: app.conversation.backend is not None)
         app.query_one(PromptInput).text = "how much memory does my cluster have?"
         await pilot.press("enter")
+        # Both rounds' stats lines (the tool call's, then the answer's): the answer's last
+        # words reach its widget in its own queue, not before the turn's end.
         await wait_until(
-            pilot, lambda: not app.conversation.generating and bool(app.query(StatsLine)), 60
+            pilot, lambda: not app.conversation.generating and len(app.query(StatsLine)) == 2, 60
         )
         call = app.query_one(ToolCallView)
         assert call.tool_name == "cluster_status"

@@ -12,7 +12,16 @@ import pytest
 
 from engine.generate import CancelToken, generate, next_turn_prefix
 from engine.loading import load_model_sync
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Message, TextChunk
+from engine.prefill import PrefillPace
+from engine.types import (
+    ChatRequest,
+    Chunk,
+    DoneChunk,
+    ErrorChunk,
+    Message,
+    PrefillProgress,
+    TextChunk,
+)
 from exo_tui.chat.backend import ClusterBackend, LocalBackend
 from exo_tui.chat.tools import ToolRegistry
 from exo_tui.chat.turn import chat_turn
@@ -158,3 +167,23 @@ def test_after_an_unload_a_request_gets_an_error(tiny_llama: Path) -> None:
     chunks = list(backend.generate(asked("hi", 4), None))
     assert isinstance(chunks[0], ErrorChunk) and "unloaded" in chunks[0].message
     assert isinstance(chunks[-1], DoneChunk) and chunks[-1].finish_reason == "error"
+
+
+def test_a_turn_passes_the_prefills_progress_on(tiny_llama: Path) -> None:
+    loaded = load_model_sync(tiny_llama)
+    loaded.prefill_pace = PrefillPace(step_s=1e-6)  # too slow for one step: one token a step
+    backend = LocalBackend(loaded)
+    try:
+        request = ChatRequest(
+            messages=(Message(role="user", content="Tell me about the sea. " * 10),),
+            temperature=0.0,
+            max_tokens=3,
+        )
+        events = list(chat_turn(backend, request, ToolRegistry([])))
+    finally:
+        backend.unload()
+    progress = [e for e in events if isinstance(e, PrefillProgress)]
+    assert progress and progress[-1].done == progress[-1].total
+    assert events.index(progress[-1]) < next(
+        i for i, e in enumerate(events) if isinstance(e, TextChunk)
+    )

@@ -14,6 +14,7 @@ import pytest
 
 from engine.blas import find_openblas
 from engine.parsers import tool_schema
+from engine.prefill import FIRST_STEP
 from exo_tui.chat.tools import BUILTIN_TOOLS
 
 EXO_TUI = [sys.executable, "-m", "exo_tui.cli"]
@@ -184,3 +185,24 @@ def test_blas_choice_keeps_tokens_identical(tiny_llama: Path) -> None:
         pytest.skip("no system OpenBLAS on this machine (apt install libopenblas0-pthread)")
     assert ready_fast["blas"].startswith("openblas")
     assert fast[-1]["token_ids"] == reference[-1]["token_ids"]
+
+
+def test_json_lines_carry_the_prefills_progress_and_text_leaves_it_out(tiny_llama: Path) -> None:
+    prompt = "Tell me about the sea and the ships. " * 10
+    args = ("chat", "--model", str(tiny_llama), "--prompt", prompt, "--max-tokens", "4")
+    result = run_cli(*args, "--json", "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    out = events(result.stdout)
+    done = out[-1]
+    total = done["usage"]["prompt_tokens"] - done["usage"]["cached_tokens"]
+    progress = [e for e in out if e["type"] == "prefill"]
+    # A model's first prompt starts with a small step: its speed is not known yet.
+    assert progress and progress[0] == {"type": "prefill", "done": FIRST_STEP, "total": total}
+    steps = [e["done"] for e in progress]
+    assert steps == sorted(set(steps)) and steps[-1] == total
+    kinds = [e["type"] for e in out]
+    assert len(kinds) - kinds[::-1].index("prefill") <= kinds.index("text")  # then the words
+
+    text = run_cli(*args)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.strip() and "prefill" not in text.stdout  # (stderr: the stats line)

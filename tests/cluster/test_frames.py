@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.types import ChatRequest, ShardSpec
+from engine.types import ChatRequest, PrefillProgress, ShardSpec
 from exo_tui.cluster.wire.frames import (
     ChatFrame,
+    ChunkFrame,
     Frame,
     Goodbye,
     LaunchRanks,
@@ -167,3 +168,8 @@ def test_random_json_objects_only_ever_decode_or_raise_protocol_error(
     except ProtocolError:
         return
     assert frame.type == tag
+
+
+def test_a_chunk_frame_carries_the_prefills_progress() -> None:
+    frame = ChunkFrame(instance_id="i", request_id=1, chunk=PrefillProgress(done=12, total=51))
+    assert decode(encode(frame)[HEADER.size :]) == frame

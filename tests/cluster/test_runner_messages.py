@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from engine.parallel import pipeline_specs
-from engine.types import ChatRequest, LoadProgress, Message, TextChunk
+from engine.types import ChatRequest, LoadProgress, Message, PrefillProgress, TextChunk
 from exo_tui.cluster.worker.runner_messages import (
     CancelCommand,
     ChatCommand,
@@ -46,6 +46,7 @@ EVENTS = [
     RankLoadProgress(progress=LoadProgress(layers_loaded=1, total=2, rank=1)),
     RankReady(rank=1, model="m", load_seconds=1.0, blas="x", weights_bytes=1, peak_memory_bytes=2),
     RankChunk(request_id=3, chunk=TextChunk(text="a")),
+    RankChunk(request_id=3, chunk=PrefillProgress(done=12, total=51)),
     RankRequestError(request_id=3, cause="c", fix="f"),
     RankIdle(request_id=3),
     RankFailed(rank=None, reason="r"),

@@ -90,7 +90,12 @@ def all_chunks(batch: BatchEngine, requests: list[ChatRequest]) -> list[list[Chu
 
 @pytest.fixture(scope="module")
 def loaded(tiny_llama: Path) -> LoadedModel:
-    return load_model_sync(tiny_llama)
+    model = load_model_sync(tiny_llama)
+    # Its speed measured, as after its first answer (the first prompt's prefill is stepped
+    # while its speed is not known: tests/engine/test_prefill.py).
+    list(generate(model, chat("hello", max_tokens=1)))
+    model.prompt_cache.clear()
+    return model
 
 
 @pytest.fixture

@@ -109,7 +109,7 @@ def test_headless_chat_runs_the_tool_and_answers() -> None:
     )
     assert result.returncode == 0, result.stderr
     events = _events(result.stdout)
-    kinds = [e["type"] for e in events if e["type"] not in ("load", "ready")]
+    kinds = [e["type"] for e in events if e["type"] not in ("load", "ready", "prefill")]
     assert kinds[:3] == ["tool_call", "done", "tool_result"], kinds
     assert kinds[-1] == "done" and "text" in kinds[3:]
     call = next(e for e in events if e["type"] == "tool_call")

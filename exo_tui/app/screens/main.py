@@ -41,7 +41,7 @@ from exo_tui.app.screens.download_confirm import Choice, DownloadConfirm
 from exo_tui.app.screens.fork_from import ForkFromScreen
 from exo_tui.app.screens.model_picker import ModelPicker, PickerEntry
 from exo_tui.app.selection import Selection
-from exo_tui.app.widgets.chat import ChatPane
+from exo_tui.app.widgets.chat import AnswerView, ChatPane
 from exo_tui.app.widgets.download import DownloadPanel
 from exo_tui.app.widgets.launch import LaunchPanel
 from exo_tui.app.widgets.nodes import NodesPanel
@@ -155,8 +155,12 @@ class MainScreen(Screen[None]):
         panel.show(selection.card, selection.strategy, selection.placement, names)
         panel.set_status(self._status_text())
         model = selection.card.name if selection.card is not None else None
-        answering = self._host.conversation.generating
-        self.query_one("#chat", Vertical).border_title = chat_title(model, state, answering)
+        conversation = self._host.conversation
+        answers = self.query(AnswerView)  # the one streaming is the last
+        # Whether the answer streaming reports its prefill's progress (no words yet).
+        prefilling = conversation.generating and bool(answers) and answers.last().prefilling
+        title = chat_title(model, state, conversation.generating, prefilling)
+        self.query_one("#chat", Vertical).border_title = title
         self.query_one(ChatPane).set_hint(empty_hint(model, state))
 
     def _status_text(self) -> Text:
@@ -443,6 +447,10 @@ class MainScreen(Screen[None]):
             return
         post(ModelLoaded(loaded))
         post(ClusterChanged(LoadFinished(node_id=node, model=card.name, total=card.num_layers)))
+
+    @on(AnswerView.Prefilling)
+    def _prefilling(self, _: AnswerView.Prefilling) -> None:
+        self.show(self._host.state)
 
     @on(ModelLoaded)
     def _model_loaded(self, message: ModelLoaded) -> None:

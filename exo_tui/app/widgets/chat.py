@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from markdown_it import MarkdownIt
@@ -22,6 +22,7 @@ from engine.types import (
     Chunk,
     DoneChunk,
     ErrorChunk,
+    PrefillProgress,
     ReasoningChunk,
     TextChunk,
     ToolCallChunk,
@@ -179,6 +180,10 @@ class AnswerView(SizedByTheLayout, Widget):
             super().__init__()
             self.events = list(events)
 
+    class Prefilling(Message):
+        """The answer's prompt started going through the model in steps, or its prefill
+        ended: the chat's border says which (`prefilling`, `answering`)."""
+
     def __init__(
         self, messages: Sequence[ChatMessage] = (), stats: Sequence[DoneChunk | None] = ()
     ) -> None:
@@ -193,14 +198,22 @@ class AnswerView(SizedByTheLayout, Widget):
         # A streamed answer says it is waiting (and for how long) until its first chunk. It
         # draws that itself while it holds nothing (a widget with nothing to show would show
         # its own name), so the first words replace it in the layout they cost anyway.
-        self._wait_started = time.monotonic()
+        # What the wait's seconds are counted on (a snapshot's scene stops it).
+        self.clock: Callable[[], float] = time.monotonic
+        self.wait_started = self.clock()
         self._streamed = not messages
         self._stopping: Static | None = None  # "Stopping…", once the user asked
+        self._prefill: PrefillProgress | None = None  # how far the prompt has gone, until words
 
     @classmethod
     def stored(cls, messages: Sequence[tuple[ChatMessage, DoneChunk | None]]) -> AnswerView:
         """A finished answer: its messages, each with its stats line or None."""
         return cls([message for message, _ in messages], [done for _, done in messages])
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether the model reports its prefill's progress and no words have come yet."""
+        return self._prefill is not None
 
     @property
     def text(self) -> str:
@@ -217,10 +230,11 @@ class AnswerView(SizedByTheLayout, Widget):
     def render(self) -> RenderResult:
         if self.children or not self._streamed:
             return super().render()
-        waited = time.monotonic() - self._wait_started
-        return Content.styled(
-            f"waiting for the model · {waited:.0f} s · {shown('app.stop')} stops", "dim"
-        )
+        waited = self.clock() - self.wait_started
+        doing = "waiting for the model"
+        if self._prefill is not None:
+            doing = f"prefilling {self._prefill.done:,} / {self._prefill.total:,} tokens"
+        return Content.styled(f"{doing} · {waited:.0f} s · {shown('app.stop')} stops", "dim")
 
     def _tick(self) -> None:
         if not self.children:
@@ -234,7 +248,17 @@ class AnswerView(SizedByTheLayout, Widget):
 
     async def feed(self, chunk: Chunk) -> None:
         """Show one more chunk of the generation."""
+        if self._prefill is not None and not isinstance(chunk, PrefillProgress):
+            self._prefill = None  # the first words (or the end) replace the line
+            self.post_message(self.Prefilling())
         match chunk:
+            case PrefillProgress():
+                started = self._prefill is None
+                self._prefill = chunk
+                if started:
+                    self.post_message(self.Prefilling())
+                if not self.children:
+                    self.refresh()  # the one line: a repaint, not a layout
             case TextChunk(text=text):
                 if text:
                     await self._write("text", text)

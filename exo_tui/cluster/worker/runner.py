@@ -160,6 +160,23 @@ def agree_seed(group: mx.distributed.Group) -> int:
     return cast(int, total.item())
 
 
+def agree_step(group: mx.distributed.Group) -> Callable[[int], int]:
+    """Rank 0's size of each prefill step, on every rank (engine.prefill): each rank measures
+    its own speed, and the ranks' passes must match."""
+    import mlx.core as mx
+    from mlx_lm.generate import generation_stream  # pyright: ignore[reportUnknownVariableType]
+
+    def agree(size: int) -> int:
+        if group.size() == 1:
+            return size
+        mine = mx.array(size if group.rank() == 0 else 0, dtype=mx.int32)
+        with mx.stream(generation_stream):
+            total = mx.distributed.all_sum(mine, group=group)
+        return cast(int, total.item())
+
+    return agree
+
+
 def join_ring(outbox: Outbox, timeout_s: float) -> mx.distributed.Group:
     """The ring of MLX_HOSTFILE (a ring of one without it).
 
@@ -232,7 +249,7 @@ def chat(
     cancel = RingCancel(group, lambda: inbox.cancelled(request_id))
     leader = group.rank() == 0
     try:
-        for chunk in generate(loaded, request, cancel):
+        for chunk in generate(loaded, request, cancel, agree_step(group)):
             if leader:
                 outbox.send(RankChunk(request_id=request_id, chunk=chunk))
     except RequestError as error:
