@@ -37,14 +37,7 @@ UNSPECIFIED_MAX_TOKENS = 4096  # no num_predict and no known context: the engine
 
 
 def chat_request(body: ChatIn, card: ModelCard) -> ChatRequest:
-    tools = tuple(
-        ToolSpec(
-            name=t.function.name,
-            description=t.function.description,
-            parameters=t.function.parameters or {"type": "object", "properties": {}},
-        )
-        for t in body.tools or ()
-    )
+    tools = tuple(t.spec() for t in body.tools or ())
     return _sampled(messages(body.messages), tools, body.options, body.think, card)
 
 

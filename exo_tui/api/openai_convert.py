@@ -69,14 +69,7 @@ def tools_offered(body: ChatCompletionRequest) -> tuple[ToolSpec, ...]:
     so: `none` shows no tools; `auto` and `required` show them all; a named function shows
     only that one. A model that answers without a call anyway gets its answer back, with
     finish_reason stop."""
-    tools = [
-        ToolSpec(
-            name=t.function.name,
-            description=t.function.description,
-            parameters=t.function.parameters or {"type": "object", "properties": {}},
-        )
-        for t in body.tools or ()
-    ]
+    tools = [t.spec() for t in body.tools or ()]
     choice = body.tool_choice
     if choice == "none":
         return ()

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, StrictBool
 
 from engine.types import Frozen
-from exo_tui.api.wire import WireRequest
+from exo_tui.api.wire import ToolDef, WireRequest
 
 # Requests.
 
@@ -36,17 +36,6 @@ class ChatMessage(WireRequest):
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
-
-
-class FunctionDef(WireRequest):
-    name: str = Field(min_length=1)
-    description: str = ""
-    parameters: dict[str, Any] | None = None
-
-
-class ToolDef(WireRequest):
-    type: Literal["function"] = "function"
-    function: FunctionDef
 
 
 class NamedFunction(WireRequest):
