@@ -66,6 +66,19 @@ def watch_disconnect(request: Request, cancel: CancelFlag) -> asyncio.Task[None]
     return asyncio.create_task(wait())
 
 
+async def first_of(
+    events: AsyncGenerator[Queued | Chunk], watcher: asyncio.Task[None]
+) -> Queued | Chunk:
+    """A stream's first event, taken before the response starts: a refusal before it is still
+    an error response (a 400). Failing, the watcher and the stream are closed."""
+    try:
+        return await anext(events)
+    except BaseException:
+        watcher.cancel()
+        await events.aclose()
+        raise
+
+
 async def then(
     first: Queued | Chunk, rest: AsyncGenerator[Queued | Chunk]
 ) -> AsyncGenerator[Queued | Chunk]:

@@ -18,6 +18,7 @@ from exo_tui.api.context import (
     checked,
     client_of,
     context_of,
+    first_of,
     json_response,
     then,
     watch_disconnect,
@@ -203,12 +204,7 @@ async def _answer(
         finally:
             watcher.cancel()
             await events.aclose()
-    try:
-        first = await anext(events)  # a refusal before the first chunk is still a 400
-    except BaseException:
-        watcher.cancel()
-        await events.aclose()
-        raise
+    first = await first_of(events, watcher)
     return StreamingResponse(
         _lines(first, events, watcher, shape, started), media_type="application/x-ndjson"
     )

@@ -17,6 +17,7 @@ from exo_tui.api.context import (
     checked,
     client_of,
     context_of,
+    first_of,
     json_response,
     then,
     watch_disconnect,
@@ -62,12 +63,7 @@ async def chat_completions(request: Request) -> Response:
         finally:
             watcher.cancel()
             await events.aclose()
-    try:
-        first = await anext(events)  # a refusal before the first chunk is still a 400
-    except BaseException:
-        watcher.cancel()
-        await events.aclose()
-        raise
+    first = await first_of(events, watcher)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     return EventSourceResponse(
         _sse(first, events, watcher, backend.card.name, include_usage), sep="\n"
