@@ -7,7 +7,8 @@ buffers (the queries and the KV cache are read in place, not copied): matmuls in
 the softmax (masked, max, exp and sum) in place over each block of scores, at the same
 precision.
 
-`install(model)` routes the model's mlx-lm attention here when MLX runs on the CPU; attention
+`install(model)` routes the model's mlx-lm attention here when MLX runs on the CPU, and one
+query (a decoding step) to the kernel extension's decode attention where it is built; attention
 sinks, quantized KV caches and the GPU keep mlx-lm's own path. `EXO_TUI_ATTENTION=mlx` turns
 it off.
 """
@@ -28,6 +29,7 @@ import mlx.nn as nn
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from engine import kernels
 from engine.blas import machine_cores
 
 # Scores held at once (4 bytes each: 8 MiB); longer prompts are processed in blocks of queries.
@@ -36,9 +38,9 @@ MAX_SCORES = 1 << 21
 # this path syncs at every layer, which stops mlx-lm from building the next step while this one
 # computes.
 MIN_SCORES_PER_HEAD = 1024
-# One query (a decoding step, a turn whose message was prefilled while it was typed) keeps MLX's
-# kernel over fewer keys than this: it reads the cache at memory speed and needs no sync, and
-# over short histories that wins; past this many keys the numpy path wins.
+# Without the kernel extension, one query (a decoding step, a turn whose message was prefilled
+# while it was typed) keeps MLX's kernel over fewer keys than this: it needs no sync, and over
+# short histories that wins; past this many keys the numpy path wins.
 ONE_QUERY_MLX_KEYS = 2048
 # From this many scores in a call, the query rows are shared among the cores.
 PARALLEL_SCORES = 1 << 17
@@ -179,6 +181,12 @@ def _mlx_is_faster(query_count: int, key_count: int) -> bool:
     return query_count * key_count < MIN_SCORES_PER_HEAD
 
 
+def _one_float_type(*arrays: mx.array) -> bool:
+    return arrays[0].dtype in kernels.FLOAT_TYPES and all(
+        a.dtype == arrays[0].dtype for a in arrays
+    )
+
+
 def _routed(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
     @functools.wraps(original)
     def scaled_dot_product_attention(
@@ -190,12 +198,13 @@ def _routed(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
         mask: Mask,
         sinks: mx.array | None = None,
     ) -> mx.array:
-        if (
-            _mlx_is_faster(queries.shape[2], keys.shape[2])
-            or sinks is not None
-            or hasattr(cache, "bits")
-            or not enabled()
-        ):
+        if sinks is not None or hasattr(cache, "bits") or not enabled():
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        if queries.shape[2] == 1 and kernels.available() and _one_float_type(queries, keys, values):
+            # One query sees every key: "causal" asks nothing more of it.
+            array_mask = mask if isinstance(mask, mx.array) else None
+            return kernels.decode_attention(queries, keys, values, scale, array_mask)
+        if _mlx_is_faster(queries.shape[2], keys.shape[2]):
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         return attention(queries, keys, values, scale=scale, mask=mask)
 

@@ -5,9 +5,10 @@ MLX's x86 CPU kernels for these products are scalar loops, so every mlx-communit
 install with MLX's own extension support (csrc/, CMakeLists.txt): MLX primitives with
 `eval_cpu`, vectorised for AVX-512 (with AVX512-BF16 and AMX where the CPU has them) and AVX2,
 chosen from what the CPU reports at run time, with a portable build for every other CPU,
-multithreaded over output rows, and the RMS norms (MLX's CPU runs them as a chain of generic
-ops). Few rows of x (decoding) run as GEMVs on the packed weights; many rows (prefill) on AMX
-tiles, or else a dequantized tile at a time through BLAS. Weights stay in their stored format.
+multithreaded over output rows, and the RMS norms and decoding's attention (MLX's CPU runs them
+as chains of generic ops). One row of x (decoding) runs as a GEMV on the packed weights; a few
+rows (several requests decoding at once) and many (prefill) on AMX tiles where the CPU has them,
+or else as GEMVs and a dequantized tile at a time through BLAS. Weights stay in their stored format.
 
 `engine.kernels.routing.install(model)` routes a loaded model's linears here when MLX computes on
 the CPU. `EXO_TUI_KERNELS=mlx` keeps MLX's own kernels. Where the extension is absent (no
@@ -112,3 +113,14 @@ def half_matmul(x: mx.array, w: mx.array) -> mx.array:
     module = extension()
     assert module is not None
     return cast(mx.array, module.half_matmul(x, w))
+
+
+def decode_attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None
+) -> mx.array:
+    """softmax(scale · q kᵀ + mask) v for few query rows a head (decoding), through the
+    extension (which must be available). q is [B, H, Lq, D]; k and v [B, KV heads, L, D], read in
+    place; the mask None, boolean (True attends) or additive, broadcastable to [B, H, Lq, L]."""
+    module = extension()
+    assert module is not None
+    return cast(mx.array, module.decode_attention(q, k, v, scale, mask))

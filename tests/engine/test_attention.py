@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 from threadpoolctl import ThreadpoolController
 
-from engine import attention
+from engine import attention, kernels
 from engine.generate import generate
 from engine.loading import load_model_sync
 from engine.types import ChatRequest, DoneChunk, Message
@@ -126,29 +126,37 @@ def test_loaded_models_route_prefill_through_it(tiny_llama: Path) -> None:
 
 
 def test_a_few_new_tokens_over_a_long_history_go_through_it_and_small_blocks_do_not(
-    tiny_llama: Path,
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loaded = load_model_sync(tiny_llama)
     module = sys.modules[type(loaded.model).__module__]
     routed = module.scaled_dot_product_attention
-    calls: list[tuple[int, int]] = []
+    calls: list[tuple[str, int, int]] = []
     original_attention = attention.attention
+    original_kernel = kernels.decode_attention
 
     def counting(q: mx.array, k: mx.array, *args: object, **kwargs: object) -> mx.array:
-        calls.append((q.shape[2], k.shape[2]))
+        calls.append(("numpy", q.shape[2], k.shape[2]))
         return original_attention(q, k, *args, **kwargs)  # type: ignore[arg-type]
 
-    attention.attention = counting  # type: ignore[assignment]
-    try:
-        for length, keys in [(4, 600), (2, 600), (8, 64), (1, 600), (1, 1100), (1, 2100)]:
-            q, k, v = random_qkv(length, keys)
-            routed(q, k, v, cache=None, scale=0.2, mask="causal" if length > 1 else None)
-    finally:
-        attention.attention = original_attention
-    # A draft's last words over a long chat, and decoding over a very long one: ours. Small
-    # blocks (fewer than MIN_SCORES_PER_HEAD scores per head) and one query over fewer than
-    # ONE_QUERY_MLX_KEYS keys: MLX's kernel.
-    assert calls == [(4, 600), (2, 600), (1, 2100)]
+    def counting_kernel(q: mx.array, k: mx.array, *args: object) -> mx.array:
+        calls.append(("kernel", q.shape[2], k.shape[2]))
+        return original_kernel(q, k, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(attention, "attention", counting)
+    monkeypatch.setattr(kernels, "decode_attention", counting_kernel)
+    for length, keys in [(4, 600), (2, 600), (8, 64), (1, 600), (1, 1100), (1, 2100)]:
+        q, k, v = random_qkv(length, keys)
+        routed(q, k, v, cache=None, scale=0.2, mask="causal" if length > 1 else None)
+    # A draft's last words over a long chat: numpy. Small blocks (fewer than
+    # MIN_SCORES_PER_HEAD scores per head): MLX's kernel. One query (decoding): the kernel
+    # extension's attention where it is built; else MLX's kernel over fewer than
+    # ONE_QUERY_MLX_KEYS keys and numpy past them.
+    if kernels.available():
+        one_query = [("kernel", 1, 600), ("kernel", 1, 1100), ("kernel", 1, 2100)]
+    else:
+        one_query = [("numpy", 1, 2100)]
+    assert calls == [("numpy", 4, 600), ("numpy", 2, 600), *one_query]
 
 
 def test_greedy_tokens_match_mlx_attention(

@@ -31,7 +31,8 @@ from engine.loading import load_model_sync
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.describe())
 
-# Each instruction set; "+amx" also runs bf16 products of 16 rows or more on AMX tiles.
+# Each instruction set; "+amx" also runs bf16 x by 4-bit weights (from 3 rows of x) and bf16 by
+# bf16 (from 16 rows) on AMX tiles.
 ISAS = [
     name
     for name in ("avx512bf16+amx", "avx512bf16", "avx512", "avx2", "portable")
@@ -240,7 +241,8 @@ def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
     assert mx.array_equal(mx.isinf(got), mx.isinf(expected))
     finite = mx.isfinite(expected)
     assert float(mx.max(mx.abs(mx.where(finite, got - expected, 0.0)))) < 1e-4
-    for bits, dtype, rows in [(8, mx.float32, 3), (4, mx.bfloat16, 1), (4, mx.bfloat16, 40)]:
+    for bits, dtype, rows in [(8, mx.float32, 3), (4, mx.bfloat16, 1), (4, mx.bfloat16, 5),
+                              (4, mx.bfloat16, 40)]:  # fmt: skip
         for field in ("scales", "biases"):
             w, scales, biases = mx.quantize(weights(33, 128, 3), group_size=64, bits=bits)
             scales, biases = scales.astype(dtype), biases.astype(dtype)
@@ -251,6 +253,72 @@ def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
             got = kernels.quantized_matmul(x, w, scales, biases, 64, bits)
             assert mx.array_equal(mx.isnan(got), mx.isnan(expected)), (bits, field)
             assert mx.array_equal(mx.isinf(got), mx.isinf(expected)), (bits, field)
+
+
+@PROPERTIES
+@given(
+    batch=st.integers(1, 3),
+    kv_heads=st.integers(1, 3),
+    repeat=st.sampled_from([1, 2, 4]),
+    queries=st.integers(1, 3),
+    keys=st.integers(1, 300),
+    dim=st.sampled_from([16, 32, 64, 80, 128]),
+    dtype=st.sampled_from(FLOATS),
+    mask=st.sampled_from(["none", "bool", "additive"]),
+    layout=st.sampled_from(["cache", "contiguous", "transposed"]),
+    seed=st.integers(0, 2**16),
+)
+def test_decode_attention_matches_mlx(
+    isa: str, batch: int, kv_heads: int, repeat: int, queries: int, keys: int, dim: int,
+    dtype: mx.Dtype, mask: str, layout: str, seed: int,
+) -> None:  # fmt: skip
+    """Against MLX's fused attention in fp32: the softmax's weights sum in another order and
+    its exp is a polynomial within two ulps of expf, so an output may differ by 1e-5 of the
+    largest |v|, plus the rounding of the output type. k and v come as the KV cache leaves them
+    (the first keys of a larger buffer), packed, or with their rows not contiguous."""
+    key = mx.random.key(seed)
+    q = mx.random.normal((batch, kv_heads * repeat, queries, dim), key=key).astype(dtype)
+    capacity = keys + (7 if layout == "cache" else 0)
+    if layout == "transposed":
+        k = mx.swapaxes(mx.random.normal((batch, kv_heads, dim, keys), key=key + 1), 2, 3)
+        v = mx.swapaxes(mx.random.normal((batch, kv_heads, dim, keys), key=key + 2), 2, 3)
+    else:
+        k = mx.random.normal((batch, kv_heads, capacity, dim), key=key + 1)[:, :, :keys]
+        v = mx.random.normal((batch, kv_heads, capacity, dim), key=key + 2)[:, :, :keys]
+    k, v = k.astype(dtype), v.astype(dtype)
+    chosen: mx.array | None = None
+    if mask == "bool":
+        chosen = mx.random.uniform(shape=(batch, 1, queries, keys), key=key + 3) > 0.4
+        chosen[..., -1] = True  # every row sees a key
+    elif mask == "additive":
+        chosen = (
+            -4 * mx.random.uniform(shape=(1, kv_heads * repeat, 1, keys), key=key + 3)
+        ).astype(dtype)
+    scale = dim**-0.5
+    f32 = [a.astype(mx.float32) for a in (q, k, v)]
+    reference_mask = (
+        chosen if chosen is None or chosen.dtype == mx.bool_ else chosen.astype(mx.float32)
+    )
+    expected = mx.fast.scaled_dot_product_attention(*f32, scale=scale, mask=reference_mask)
+    got = kernels.decode_attention(q, k, v, scale, chosen)
+    assert got.dtype == dtype and got.shape == q.shape
+    difference = mx.abs(got.astype(mx.float32) - expected)
+    allowed = (
+        1e-5 * mx.max(mx.abs(f32[2])) + ROUNDING[dtype] * mx.abs(expected) + SMALLEST[dtype] + 1e-30
+    )
+    assert float(mx.max(difference / allowed)) <= 1.0
+
+
+def test_decode_attention_refuses_mismatched_arguments() -> None:
+    q = mx.zeros((1, 4, 1, 8))
+    with pytest.raises(ValueError, match="multiple of k's"):
+        kernels.decode_attention(q, mx.zeros((1, 3, 5, 8)), mx.zeros((1, 3, 5, 8)), 1.0, None)
+    with pytest.raises(ValueError, match="head dim"):
+        kernels.decode_attention(q, mx.zeros((1, 2, 5, 4)), mx.zeros((1, 2, 5, 4)), 1.0, None)
+    with pytest.raises(ValueError, match="share a dtype"):
+        kernels.decode_attention(
+            q, mx.zeros((1, 2, 5, 8), mx.bfloat16), mx.zeros((1, 2, 5, 8)), 1.0, None
+        )
 
 
 def test_bad_arguments_are_refused_with_the_reason() -> None:

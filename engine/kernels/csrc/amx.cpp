@@ -1,6 +1,7 @@
 #include "amx.h"
 
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "half_bits.h"
@@ -213,7 +214,182 @@ void amx_quantized_gemm(const uint16_t* prepared, int rows, int k, const uint32_
   _tile_release();
 }
 
+
+std::size_t amx_small_x_size(int k) { return static_cast<std::size_t>(k) / 32 * 512; }
+
+void amx_prepare_small_x(const uint16_t* x, int rows, int k, uint16_t* prepared) {
+  std::memset(prepared, 0, amx_small_x_size(k) * sizeof(uint16_t));
+  // Position i of a chunk takes value 4 (i % 8) + i / 8; its pair lands in row i / 2 of the
+  // chunk's tile, in column m.
+  alignas(64) uint16_t order[32];
+  alignas(64) int32_t slots[16];
+  for (int i = 0; i < 32; ++i) order[i] = static_cast<uint16_t>(4 * (i % 8) + i / 8);
+  for (int kk = 0; kk < 16; ++kk) slots[kk] = kk * 16;
+  const __m512i index = _mm512_load_si512(order);
+  const __m512i rows_of_tile = _mm512_load_si512(slots);
+  for (int m = 0; m < rows; ++m) {
+    const uint16_t* row = x + static_cast<std::size_t>(m) * k;
+    const __m512i column = _mm512_add_epi32(rows_of_tile, _mm512_set1_epi32(m));
+    for (int c = 0; c < k / 32; ++c) {
+      const __m512i values = _mm512_loadu_si512(row + 32 * c);
+      _mm512_i32scatter_epi32(prepared + static_cast<std::size_t>(c) * 512, column,
+                              _mm512_permutexvar_epi16(index, values), 4);
+    }
+  }
+}
+
+namespace {
+
+// A block's scales or biases as fp32, [row][group].
+void widen_rows(const void* values, int type, std::size_t first, std::size_t count, float* out) {
+  const uint16_t* h = static_cast<const uint16_t*>(values) + first;
+  if (type == 0) {
+    std::memcpy(out, static_cast<const float*>(values) + first, count * sizeof(float));
+  } else if (type == 1) {
+    std::size_t i = 0;
+    for (; i + 16 <= count; i += 16) {
+      const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i)));
+      _mm512_storeu_si512(out + i, _mm512_slli_epi32(words, 16));
+    }
+    for (; i < count; ++i) out[i] = bf16_to_float(h[i]);
+  } else {
+    std::size_t i = 0;
+    for (; i + 16 <= count; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+    for (; i < count; ++i) out[i] = f16_to_float(h[i]);
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Each 16 bytes of a weight row broadcast to the four 128-bit lanes; lane q shifted right by 4q
+// brings its words' nibble q low (position i of the chunk: value 4 (i % 8) + i / 8), and a
+// lookup in the 16 levels gives q exactly in bf16.
+struct Unpacker {
+  __m512i levels, shifts;
+  Unpacker() {
+    alignas(64) static const uint16_t levels_bits[32] = {
+        0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0, 0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120,
+        0x4130, 0x4140, 0x4150, 0x4160, 0x4170, 0x0000, 0x3f80, 0x4000, 0x4040, 0x4080, 0x40a0,
+        0x40c0, 0x40e0, 0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+    levels = _mm512_load_si512(levels_bits);
+    shifts = _mm512_set_epi16(12, 12, 12, 12, 12, 12, 12, 12, 8, 8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4,
+                              4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
+  }
+  // Chunk `chunk` (32 values) of 16 rows `row_bytes` apart into 16 rows of 32 bf16.
+  void operator()(const uint8_t* rows, std::size_t row_bytes, int chunk, uint16_t* out) const {
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* src = rows + r * row_bytes + chunk * 16;
+      // The next block's line at this place, once a line: 16 rows read side by side left the
+      // hardware prefetcher behind.
+      if ((chunk & 3) == 0) _mm_prefetch(reinterpret_cast<const char*>(src) + 16 * row_bytes, _MM_HINT_T0);
+      const __m512i words =
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+      _mm512_store_si512(out + r * 32, _mm512_permutexvar_epi16(_mm512_srlv_epi16(words, shifts), levels));
+    }
+  }
+};
+
+// 16 weight rows from n: every group's q . x on a C tile (tile 0 for even groups, 1 for odd),
+// stored, then scaled in fp32 one group later, while the tiles work on the next one. Chunks
+// are unpacked two ahead of the tiles, so a tile never loads what the stores have just written.
+template <int CPG>
+void small_block(const Unpacker& unpack, const uint16_t* prepared, const float* xsum_t, int rows,
+                 int k, const uint8_t* w, const float* scale32, const float* bias32, int n,
+                 float* out, int ldo) {
+  const int chunks = k / 32, groups = chunks / CPG;
+  const std::size_t row_bytes = static_cast<std::size_t>(k) / 2;
+  alignas(64) uint16_t a[4][16 * 32];
+  alignas(64) float c[2][16][16] = {};
+  __m512 total[16];
+  for (int r = 0; r < 16; ++r) total[r] = _mm512_setzero_ps();
+  unpack(w, row_bytes, 0, a[0]);
+  if (chunks > 1) unpack(w, row_bytes, 1, a[1]);
+  auto run = [&]<int T>(int g) {
+    // The tile intrinsics take their tile's number as a literal.
+    if constexpr (T == 0) _tile_zero(0); else _tile_zero(1);
+    for (int i = 0; i < CPG; ++i) {
+      const int chunk = g * CPG + i;
+      if (chunk + 2 < chunks) unpack(w, row_bytes, chunk + 2, a[(chunk + 2) & 3]);
+      // Even chunks in tiles 2 and 4, odd ones in 3 and 5: a load into the tile the last
+      // product still reads would wait for it.
+      const uint16_t* x_chunk = prepared + static_cast<std::size_t>(chunk) * 512;
+      if (chunk & 1) {
+        _tile_loadd(3, a[chunk & 3], 64);
+        _tile_loadd(5, x_chunk, 64);
+        if constexpr (T == 0) _tile_dpbf16ps(0, 3, 5); else _tile_dpbf16ps(1, 3, 5);
+      } else {
+        _tile_loadd(2, a[chunk & 3], 64);
+        _tile_loadd(4, x_chunk, 64);
+        if constexpr (T == 0) _tile_dpbf16ps(0, 2, 4); else _tile_dpbf16ps(1, 2, 4);
+      }
+    }
+    if constexpr (T == 0) _tile_stored(0, c[0], 64); else _tile_stored(1, c[1], 64);
+  };
+  auto apply = [&](int g, const float (*sums)[16]) {
+    const __m512 xs = _mm512_loadu_ps(xsum_t + static_cast<std::size_t>(g) * 16);
+    for (int r = 0; r < 16; ++r) {
+      const std::size_t at = static_cast<std::size_t>(r) * groups + g;
+      total[r] = _mm512_fmadd_ps(_mm512_set1_ps(bias32[at]), xs, total[r]);
+      total[r] = _mm512_fmadd_ps(_mm512_load_ps(sums[r]), _mm512_set1_ps(scale32[at]), total[r]);
+    }
+  };
+  for (int g = 0; g < groups; g += 2) {
+    run.template operator()<0>(g);
+    if (g > 0) apply(g - 1, c[1]);
+    if (g + 1 < groups) run.template operator()<1>(g + 1);
+    apply(g, c[0]);
+  }
+  if (groups % 2 == 0) apply(groups - 1, c[1]);
+  alignas(64) float t[16][16];
+  for (int r = 0; r < 16; ++r) _mm512_store_ps(t[r], total[r]);
+  for (int m = 0; m < rows; ++m)
+    for (int r = 0; r < 16; ++r) out[static_cast<std::size_t>(m) * ldo + n + r] = t[r][m];
+}
+
+}  // namespace
+
+void amx_quantized_gemv(const uint16_t* prepared, const float* xsum_t, int rows, int k,
+                        const uint32_t* w, const void* scales, const void* biases, int scale_type,
+                        int group_size, int n0, int n1, float* out, int ldo) {
+  // C (tiles 0, 1) and x (tiles 4, 5) only as wide as the rows of x: a narrower C is a smaller
+  // store each group.
+  TileConfig config;
+  std::memset(&config, 0, sizeof(config));
+  config.palette = 1;
+  for (int t : {0, 1, 2, 3, 4, 5}) {
+    config.rows[t] = 16;
+    config.colsb[t] = static_cast<uint16_t>(t == 2 || t == 3 ? 64 : 4 * rows);
+  }
+  _tile_loadconfig(&config);
+  const int groups = k / group_size;
+  const std::size_t row_bytes = static_cast<std::size_t>(k) / 2;
+  const Unpacker unpack;
+  thread_local std::vector<float> scale32, bias32;
+  scale32.resize(static_cast<std::size_t>(16) * groups);
+  bias32.resize(static_cast<std::size_t>(16) * groups);
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(w);
+  for (int n = n0; n < n1; n += 16) {
+    widen_rows(scales, scale_type, static_cast<std::size_t>(n) * groups, scale32.size(), scale32.data());
+    widen_rows(biases, scale_type, static_cast<std::size_t>(n) * groups, bias32.size(), bias32.data());
+    const uint8_t* block = bytes + static_cast<std::size_t>(n) * row_bytes;
+    const auto args = std::make_tuple(unpack, prepared, xsum_t, rows, k, block, scale32.data(),
+                                      bias32.data(), n, out, ldo);
+    if (group_size == 32) std::apply(small_block<1>, args);
+    else if (group_size == 64) std::apply(small_block<2>, args);
+    else std::apply(small_block<4>, args);
+  }
+  _tile_release();
+}
+
 #else
+
+void amx_prepare_small_x(const uint16_t*, int, int, uint16_t*) {}
+std::size_t amx_small_x_size(int) { return 0; }
+void amx_quantized_gemv(const uint16_t*, const float*, int, int, const uint32_t*, const void*,
+                        const void*, int, int, int, int, float*, int) {}
 
 bool amx_available() { return false; }
 void amx_half_gemm(const uint16_t*, int, int, const uint16_t*, int, int, float*, int) {}

@@ -31,4 +31,19 @@ void amx_quantized_gemm(const uint16_t* prepared, int rows, int k, const uint32_
                         const void* scales, int scale_type, int group_size, int n0, int n1,
                         float* out, int ldo);
 
+// Few rows of x (up to 16: decoding several requests at once) by 4-bit weights, on the tiles.
+// One tile of x serves every weight row, and the weights are unpacked per group straight into
+// a small buffer, so a call reads the weights once, as the GEMV does, at any row count up to 16.
+constexpr int AMX_SMALL_MAX_ROWS = 16;
+// x for amx_quantized_gemv: per 32 values of k one 1 KiB tile, row kk holding each x row's pair
+// at positions 2kk, 2kk+1 of the chunk's broadcast order (position i is value 4 (i % 8) + i / 8:
+// the order in which the tiles' unpacking gives a chunk's nibbles). amx_small_x_size(k) values.
+std::size_t amx_small_x_size(int k);
+void amx_prepare_small_x(const uint16_t* x, int rows, int k, uint16_t* prepared);
+// out[m, n] = sum over groups of scale * (q . x) + bias * xsum, for n in [n0, n1), multiples of 32.
+// `xsum_t` holds the sums of x over each group as [group][16] (rows past `rows` zero).
+void amx_quantized_gemv(const uint16_t* prepared, const float* xsum_t, int rows, int k,
+                        const uint32_t* w, const void* scales, const void* biases, int scale_type,
+                        int group_size, int n0, int n1, float* out, int ldo);
+
 }  // namespace exo_kernels

@@ -1,5 +1,6 @@
 // Python bindings: the ops, and what the extension was built against and runs on.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
@@ -29,6 +30,9 @@ NB_MODULE(_kernels, m) {
         "stream"_a = nb::none(), "x @ w.T for bfloat16 or float16 weights");
   m.def("rms_norm", &exo_kernels::rms_norm, "x"_a, "w"_a, "eps"_a, nb::kw_only(),
         "stream"_a = nb::none(), "mx.fast.rms_norm(x, w, eps) for x and w of one float type");
+  m.def("decode_attention", &exo_kernels::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
+        "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+        "softmax(scale * q @ k.T + mask) @ v, for decoding's few query rows a head");
   m.def("isa", [] { return std::string(exo_kernels::best_isa().name); },
         "The instruction set the kernels run with on this CPU");
   m.def("isa_supported", [](const std::string& name) {
@@ -40,6 +44,8 @@ NB_MODULE(_kernels, m) {
         "Whether bf16 products of many rows run on AMX tiles");
   m.def("set_amx", [](bool on) { exo_kernels::amx_enabled = on; }, "on"_a);
   m.def("set_amx_min_rows", [](int rows) { exo_kernels::amx_min_rows = rows; }, "rows"_a);
+  m.def("set_amx_small_min_rows", [](int rows) { exo_kernels::amx_small_min_rows = rows; },
+        "rows"_a);
   m.def("threads", &exo_kernels::thread_count);
   m.def("set_threads", &exo_kernels::set_thread_count, "threads"_a);
   m.def("gemv_max_rows", [] { return exo_kernels::gemv_max_rows; });

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "half_bits.h"
 #include "kernels.h"
@@ -564,6 +565,8 @@ void from_f32(const float* in, Scalar type, std::size_t count, void* out) {
   }
 }
 
+#include "attention_impl.h"
+
 }  // namespace
 }  // namespace ISA_NS
 
@@ -580,6 +583,7 @@ const Isa ISA_TABLE = {
     ISA_NS::half_gemv,
     ISA_NS::quantized_dequantize,
     ISA_NS::half_widen,
+    ISA_NS::decode_attention,
     ISA_NS::to_f32,
     ISA_NS::from_f32,
 };

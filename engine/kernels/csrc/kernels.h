@@ -50,6 +50,24 @@ struct HalfArgs {
   int ldo;
 };
 
+// softmax(scale * q . k + mask) . v for each query row against every key, in fp32: decoding's
+// attention (a few query rows a head). q and out are contiguous [B, H, Lq, D]; k and v are
+// [B, KV heads, L, D] with D contiguous and the other three strides (in elements) given; the
+// mask, if any, is contiguous [B, H, Lq, L]. q, k, v and out share `type`.
+struct AttentionArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+  Scalar type;
+  const void* mask;
+  int mask_kind;  // 0: none; 1: bool (nonzero attends); 2: additive fp32
+  int batch, heads, kv_heads, queries, keys, dim;
+  float scale;
+  long k_strides[3];
+  long v_strides[3];
+};
+
 struct Isa {
   const char* name;
   int lanes;  // fp32 lanes of one vector
@@ -62,6 +80,8 @@ struct Isa {
   // Weight rows [n0, n1) as fp32, row-major into `tile` (row n0 first), for BLAS.
   void (*quantized_dequantize)(const QuantizedArgs&, int n0, int n1, float* tile);
   void (*half_widen)(const HalfArgs&, int n0, int n1, float* tile);
+  // Attention for the (batch, KV head) items [item0, item1), item = b * kv_heads + g.
+  void (*decode_attention)(const AttentionArgs&, int item0, int item1);
   // Elementwise conversions, for inputs and outputs.
   void (*to_f32)(const void* in, Scalar type, std::size_t count, float* out);
   void (*from_f32)(const float* in, Scalar type, std::size_t count, void* out);

@@ -17,6 +17,7 @@ namespace exo_kernels {
 
 int gemv_max_rows = 96;
 int amx_min_rows = 16;
+int amx_small_min_rows = 3;
 
 namespace {
 
@@ -29,6 +30,7 @@ constexpr std::size_t TILE_FLOATS = std::size_t{1} << 20;
 struct Scratch {
   std::vector<float> x, prepared, sums, out, tile, bias;
   std::vector<uint16_t> tiles_x, nibble_x;
+  std::vector<float> xsum_t;
 };
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -136,10 +138,13 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const int groups = k / group_size;
   // Many rows of bf16 x by 4-bit weights on AMX tiles, 32 weight rows at a time (fewer rows of
   // x than amx_min_rows run faster as GEMVs).
-  const bool tiles = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 &&
-                     group_size % 64 == 0 && amx_enabled && rows >= amx_min_rows && n >= 32 &&
-                     amx_available();
-  const int tiled = tiles ? n - n % 32 : 0;
+  const bool amx = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && amx_enabled &&
+                   n >= 32 && amx_available();
+  // A few rows (several requests decoding at once): one tile of x against every weight row.
+  const bool small_tiles = amx && rows >= amx_small_min_rows && rows <= AMX_SMALL_MAX_ROWS &&
+                           group_size >= 32 && group_size % 32 == 0;
+  const bool tiles = amx && !small_tiles && group_size % 64 == 0 && rows >= amx_min_rows;
+  const int tiled = tiles || small_tiles ? n - n % 32 : 0;
   // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
   // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
   // order, so the dot products are unchanged. Only the rows the tiles leave need it.
@@ -167,15 +172,39 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
   for (int m = 0; m < rows; ++m)
     for (int g = 0; g < groups; ++g) {
-      float total = 0.0f;
+      // 16 partial sums: one chain of additions would wait on each add in turn.
+      float lanes[16] = {};
       const float* v = x + static_cast<std::size_t>(m) * k + static_cast<std::size_t>(g) * group_size;
-      for (int i = 0; i < group_size; ++i) total += v[i];
+      for (int i = 0; i < group_size; i += 16)
+        for (int l = 0; l < 16; ++l) lanes[l] += v[i + l];
+      float total = 0.0f;
+      for (float lane : lanes) total += lane;
       sums[m * groups + g] = total;
     }
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   QuantizedArgs args{prepared, sums, rows, k, n, w, scales, biases, scale_type, group_size, bits,
                      out32, n, x16};
+  if (small_tiles) {
+    s.tiles_x.resize(std::max(s.tiles_x.size(), amx_small_x_size(k)));
+    amx_prepare_small_x(static_cast<const uint16_t*>(x_in), rows, k, s.tiles_x.data());
+    float* xsum_t = sized(s.xsum_t, static_cast<std::size_t>(groups) * AMX_SMALL_MAX_ROWS);
+    std::fill(xsum_t, xsum_t + static_cast<std::size_t>(groups) * AMX_SMALL_MAX_ROWS, 0.0f);
+    for (int m = 0; m < rows; ++m)
+      for (int g = 0; g < groups; ++g) xsum_t[g * AMX_SMALL_MAX_ROWS + m] = sums[m * groups + g];
+    const int blocks = tiled / 32;
+    const int parts = std::max(1, std::min(thread_count(), blocks));
+    parallel_for(parts, [&](int part) {
+      const auto [b0, b1] = share(blocks, parts, part, 1);
+      if (b0 < b1)
+        amx_quantized_gemv(s.tiles_x.data(), xsum_t, rows, k, w, scales, biases,
+                           static_cast<int>(scale_type), group_size, b0 * 32, b1 * 32, out32, n);
+    });
+    if (tiled < n) isa.quantized_gemv(args, tiled, n);
+    redo_non_finite(x, rows, k, w, scales, biases, scale_type, n, group_size, bits, out32);
+    if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
+    return;
+  }
   if (tiles) {
     // x in bf16 as it came, in the nibbles' order; the rest of the rows, and the biases' term,
     // elsewhere.

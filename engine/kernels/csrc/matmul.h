@@ -21,5 +21,7 @@ void run_half_matmul(const void* x, Scalar x_type, int rows, int k, const uint16
 extern int gemv_max_rows;
 // From this many rows of x, bf16 by bf16 runs on AMX tiles where the CPU has them.
 extern int amx_min_rows;
+// From this many rows of x (up to AMX_SMALL_MAX_ROWS), 4-bit products run on AMX tiles too.
+extern int amx_small_min_rows;
 
 }  // namespace exo_kernels

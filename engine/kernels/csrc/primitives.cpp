@@ -1,10 +1,13 @@
 #include "primitives.h"
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 
 #include "matmul.h"
 #include "norms.h"
+#include "threads.h"
 #include "mlx/backend/cpu/encoder.h"
 
 namespace exo_kernels {
@@ -106,6 +109,106 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
   mx::Stream stream = cpu_stream(s);
   return mx::array(x.shape(), x.dtype(), std::make_shared<CpuRmsNorm>(stream, eps),
                    {mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)});
+}
+
+mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                           float scale, const std::optional<mx::array>& mask,
+                           mx::StreamOrDevice s) {
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
+    throw std::invalid_argument("q, k and v must be [batch, heads, length, head dim]");
+  if (k.shape() != v.shape() || q.shape(0) != k.shape(0) || q.shape(3) != k.shape(3)) {
+    std::ostringstream message;
+    message << "k and v must be [" << q.shape(0) << ", kv heads, keys, " << q.shape(3)
+            << "], q's batch and head dim";
+    throw std::invalid_argument(message.str());
+  }
+  if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0)
+    throw std::invalid_argument("q's heads must be a multiple of k's");
+  if (q.dtype() != k.dtype() || q.dtype() != v.dtype())
+    throw std::invalid_argument("q, k and v must share a dtype");
+  scalar_of(q.dtype(), "q");
+  mx::Stream stream = cpu_stream(s);
+  std::vector<mx::array> inputs{mx::contiguous(q, false, stream), k, v};
+  int mask_kind = 0;
+  if (mask.has_value()) {
+    const mx::Shape full{q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
+    mask_kind = mask->dtype() == mx::bool_ ? 1 : 2;
+    mx::array m = mask_kind == 1 ? *mask : mx::astype(*mask, mx::float32, stream);
+    inputs.push_back(mx::contiguous(mx::broadcast_to(m, full, stream), false, stream));
+  }
+  return mx::array(q.shape(), q.dtype(),
+                   std::make_shared<CpuDecodeAttention>(stream, scale, mask_kind),
+                   std::move(inputs));
+}
+
+namespace {
+
+// k's or v's element strides over [B, KV heads, L]; a packed copy where its rows of D are not
+// contiguous (the KV cache's are, but any view may not be).
+const void* strided_rows(const mx::array& a, long strides[3], std::vector<char>& copy) {
+  const auto& st = a.strides();
+  if (st[3] == 1 || a.shape(3) == 1) {
+    for (int i = 0; i < 3; ++i) strides[i] = static_cast<long>(st[i]);
+    return a.data<void>();
+  }
+  const long d = a.shape(3), item = static_cast<long>(a.itemsize());
+  copy.resize(static_cast<std::size_t>(a.size()) * item);
+  const char* base = a.data<char>();
+  long at = 0;
+  for (long b = 0; b < a.shape(0); ++b)
+    for (long h = 0; h < a.shape(1); ++h)
+      for (long j = 0; j < a.shape(2); ++j)
+        for (long c = 0; c < d; ++c, ++at)
+          std::memcpy(copy.data() + at * item,
+                      base + (b * st[0] + h * st[1] + j * st[2] + c * st[3]) * item, item);
+  strides[2] = d;
+  strides[1] = d * a.shape(2);
+  strides[0] = strides[1] * a.shape(1);
+  return copy.data();
+}
+
+}  // namespace
+
+void CpuDecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& encoder = prepared_encoder(stream(), inputs, out);
+  std::vector<mx::array> held;
+  for (const auto& input : inputs) held.push_back(mx::array::unsafe_weak_copy(input));
+  encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out),
+                    scale = scale_, mask_kind = mask_kind_]() mutable {
+    const auto& q = held[0];
+    const auto& k = held[1];
+    const auto& v = held[2];
+    if (out.size() == 0) return;
+    AttentionArgs args{};
+    std::vector<char> k_copy, v_copy;
+    args.q = q.data<void>();
+    args.k = strided_rows(k, args.k_strides, k_copy);
+    args.v = strided_rows(v, args.v_strides, v_copy);
+    args.out = out.data<void>();
+    args.type = scalar_of(q.dtype(), "q");
+    args.mask = mask_kind != 0 ? held[3].data<void>() : nullptr;
+    args.mask_kind = mask_kind;
+    args.batch = q.shape(0);
+    args.heads = q.shape(1);
+    args.queries = q.shape(2);
+    args.dim = q.shape(3);
+    args.kv_heads = k.shape(1);
+    args.keys = k.shape(2);
+    args.scale = scale;
+    const Isa& isa = best_isa();
+    const int items = args.batch * args.kv_heads;
+    const int parts = std::max(1, std::min(thread_count(), items));
+    parallel_for(parts, [&](int part) {
+      const int i0 = static_cast<int>(static_cast<long>(items) * part / parts);
+      const int i1 = static_cast<int>(static_cast<long>(items) * (part + 1) / parts);
+      if (i0 < i1) isa.decode_attention(args, i0, i1);
+    });
+  });
+}
+
+void CpuDecodeAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error(
+      "CpuDecodeAttention runs on the CPU only; use mx.fast.scaled_dot_product_attention");
 }
 
 void CpuRmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {

@@ -2,6 +2,8 @@
 // mlx-lm's generation loop and the distributed ring like any MLX op.
 #pragma once
 
+#include <optional>
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -19,6 +21,31 @@ mx::array half_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice
 
 // mx.fast.rms_norm(x, w, eps) over the last axis, for x and w of one float type.
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s = {});
+
+// softmax(scale * q @ k.T + mask) @ v for q [B, H, Lq, D] against k and v [B, KV heads, L, D]
+// (H a multiple of the KV heads), as mx.fast.scaled_dot_product_attention; made for decoding's
+// few query rows. k and v are read in place, strided as the KV cache leaves them. The mask is
+// None, boolean (True attends) or additive, broadcastable to [B, H, Lq, L].
+mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                           float scale, const std::optional<mx::array>& mask,
+                           mx::StreamOrDevice s = {});
+
+class CpuDecodeAttention : public mx::UnaryPrimitive {
+ public:
+  CpuDecodeAttention(mx::Stream stream, float scale, int mask_kind)
+      : mx::UnaryPrimitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "CpuDecodeAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const CpuDecodeAttention&>(other);
+    return scale_ == o.scale_ && mask_kind_ == o.mask_kind_;
+  }
+
+ private:
+  float scale_;
+  int mask_kind_;
+};
 
 class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  public:
