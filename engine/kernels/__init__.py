@@ -124,3 +124,10 @@ def decode_attention(
     module = extension()
     assert module is not None
     return cast(mx.array, module.decode_attention(q, k, v, scale, mask))
+
+
+def silu_mul(gate: mx.array, x: mx.array) -> mx.array:
+    """silu(gate) * x (mlx-lm's swiglu) through the extension (which must be available)."""
+    module = extension()
+    assert module is not None
+    return cast(mx.array, module.silu_mul(gate, x))

@@ -2,7 +2,8 @@
 weights, `QuantizedEmbedding.as_linear` (a tied head) and the sharded linears that tensor
 parallelism uses; and its `RMSNorm`s. Each routed layer gets a subclass of its own class whose
 forward pass calls the kernels; its weights and parameters are untouched, so loading, sharding
-and the ring see the same module tree.
+and the ring see the same module tree. mlx-lm's `swiglu`, which its model modules import by
+name, is routed in those modules.
 """
 # pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false, reportUnknownVariableType=false
 # pyright: reportUnknownArgumentType=false, reportAttributeAccessIssue=false
@@ -11,6 +12,7 @@ and the ring see the same module tree.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import mlx.core as mx
@@ -20,6 +22,7 @@ from mlx.nn.layers import distributed
 from engine import kernels
 
 _ROUTED = "_exo_tui_cpu_kernels"
+_ORIGINAL_SWIGLU = "_exo_tui_original_swiglu"
 
 
 def _quantized_product(layer: Any, x: mx.array) -> mx.array:
@@ -81,6 +84,36 @@ _HALF_FORWARD = {
 }
 
 
+def _routed_swiglu(original: Any) -> Any:
+    @functools.wraps(original)
+    def swiglu(gate: mx.array, x: mx.array) -> mx.array:
+        if gate.shape != x.shape or gate.dtype != x.dtype or x.dtype not in kernels.FLOAT_TYPES:
+            return original(gate, x)
+        return kernels.silu_mul(gate, x)
+
+    setattr(swiglu, _ORIGINAL_SWIGLU, original)
+    return swiglu
+
+
+def _model_modules() -> list[Any]:
+    """mlx-lm's model modules loaded so far (each imports `swiglu` by name)."""
+    return [m for name, m in list(sys.modules.items()) if name.startswith("mlx_lm.models.")]
+
+
+def _route_swiglu() -> None:
+    for module in _model_modules():
+        current = getattr(module, "swiglu", None)
+        if callable(current) and not hasattr(current, _ORIGINAL_SWIGLU):
+            module.swiglu = _routed_swiglu(current)
+
+
+def _restore_swiglu() -> None:
+    for module in _model_modules():
+        original = getattr(getattr(module, "swiglu", None), _ORIGINAL_SWIGLU, None)
+        if original is not None:
+            module.swiglu = original
+
+
 @functools.cache
 def _routed_class(cls: type, method: str, forward: Any) -> type:
     return type(f"Cpu{cls.__name__}", (cls,), {method: forward, _ROUTED: True})
@@ -98,6 +131,7 @@ def install(model: nn.Module) -> int:
         if mx.default_device() == mx.cpu:
             kernels.warn_once(f"CPU kernels: {kernels.describe()}")
         return 0
+    _route_swiglu()
     routed = 0
     for _, layer in model.named_modules():
         if getattr(type(layer), _ROUTED, False):
@@ -126,7 +160,9 @@ def install(model: nn.Module) -> int:
 
 
 def uninstall(model: nn.Module) -> int:
-    """Put `model`'s routed layers back on MLX's kernels; the number of layers changed."""
+    """Put `model`'s routed layers, and mlx-lm's swiglu, back on MLX's kernels; the number of
+    layers changed."""
+    _restore_swiglu()
     restored = 0
     for _, layer in model.named_modules():
         if getattr(type(layer), _ROUTED, False):

@@ -309,6 +309,57 @@ def test_decode_attention_matches_mlx(
     assert float(mx.max(difference / allowed)) <= 1.0
 
 
+@PROPERTIES
+@given(
+    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    spread=st.floats(0.1, 30.0),
+    dtype=st.sampled_from(FLOATS),
+    seed=st.integers(0, 2**16),
+)
+def test_silu_mul_matches_mlx_swiglu(
+    isa: str, shape: list[int], spread: float, dtype: mx.Dtype, seed: int
+) -> None:
+    """Against mlx-lm's swiglu in the same type: the kernel rounds where MLX's ops round, but its
+    exp is a polynomial, so a result may differ from MLX's by two steps of the type (1e-6 of the
+    value in fp32), plus float16's subnormal spacing."""
+    from mlx_lm.models.activations import swiglu
+
+    key = mx.random.key(seed)
+    gate = (spread * mx.random.normal(shape, key=key)).astype(dtype)
+    x = mx.random.normal(shape, key=key + 1).astype(dtype)
+    gate[..., 0] = float("nan") if shape[-1] > 3 else gate[..., 0]
+    expected = swiglu(gate, x).astype(mx.float32)
+    got = kernels.silu_mul(gate, x)
+    assert got.dtype == dtype
+    got32 = got.astype(mx.float32)
+    assert mx.array_equal(mx.isnan(got32), mx.isnan(expected))
+    steps = {mx.float32: 1e-6, mx.bfloat16: 2.0**-7, mx.float16: 2.0**-10}[dtype]
+    allowed = steps * mx.abs(expected) + 2 * SMALLEST[dtype] + 1e-30
+    ratio = mx.where(mx.isnan(expected), 0.0, mx.abs(got32 - expected) / allowed)
+    assert float(mx.max(ratio)) <= 1.0
+
+
+def test_a_models_swiglu_runs_on_the_kernel_and_gives_the_same_tokens(
+    kernel_models: dict[str, Path],
+) -> None:
+    """mlx-lm's model modules call `swiglu` by name: loading routes it to the kernel, and the
+    greedy tokens and logits are MLX's own within the tolerance of the test above."""
+    loaded = load_model_sync(kernel_models["llama-bf16"])
+    module = sys.modules[type(loaded.model).__module__]
+    assert hasattr(module.swiglu, "_exo_tui_original_swiglu")
+    prompt = loaded.tokenizer.encode("Tell me a story about a dog and a cat.")
+    tokens, logits = greedy_logits(loaded.model, prompt, 32)
+    original = module.swiglu._exo_tui_original_swiglu
+    module.swiglu = original
+    try:
+        expected_tokens, expected_logits = greedy_logits(loaded.model, prompt, 32)
+    finally:
+        routing.install(loaded.model)
+    assert tokens == expected_tokens
+    for got, expected in zip(logits, expected_logits, strict=True):
+        assert float(mx.max(mx.abs(got - expected))) <= 5e-2 * float(mx.max(mx.abs(expected)))
+
+
 def test_decode_attention_refuses_mismatched_arguments() -> None:
     q = mx.zeros((1, 4, 1, 8))
     with pytest.raises(ValueError, match="multiple of k's"):

@@ -1,5 +1,6 @@
 // Attention for decoding (a few query rows a head against the KV cache), in fp32, once per
-// instruction set: isa_impl.h includes this inside its namespace, after to_f32 and from_f32.
+// instruction set: isa_impl.h includes this inside its namespace, after to_f32, from_f32 and
+// elementwise_impl.h.
 // MLX's CPU scaled_dot_product_attention runs such a call as generic ops with a scalar exp,
 // many times the arithmetic; here each key and value row is read once for all the query heads
 // that share it.
@@ -20,29 +21,6 @@ inline float lane_sum(vf v) {
 #else
   return hsum(v);
 #endif
-}
-
-inline vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
-
-// e^x for x <= 0 (scores less their maximum): 2^n e^r with |r| <= ln 2 / 2 and a degree-7
-// Taylor polynomial for e^r (within an ulp or two of expf). Below -87 (a masked key's -inf
-// included) it is exactly 0, as expf's result rounds to there.
-inline vf exp_nonpositive(vf x) {
-  const vi dead = x < -87.0f;
-  x = select(dead, vf{} - 87.0f, x);
-  const vi n = __builtin_convertvector(x * 1.44269504f - 0.5f, vi);  // round to nearest, x <= 0
-  const vf nf = __builtin_convertvector(n, vf);
-  const vf r = (x - nf * 0.693145752f) - nf * 1.42860677e-6f;
-  vf p = vf{} + (1.0f / 5040.0f);
-  p = p * r + (1.0f / 720.0f);
-  p = p * r + (1.0f / 120.0f);
-  p = p * r + (1.0f / 24.0f);
-  p = p * r + (1.0f / 6.0f);
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const vf scale = (vf)((n + 127) << 23);
-  return select(dead, vf{}, p * scale);
 }
 
 // One row of `d` values of `type` at `in` as fp32 into `out`, padded with zeros to `padded`.

@@ -565,6 +565,7 @@ void from_f32(const float* in, Scalar type, std::size_t count, void* out) {
   }
 }
 
+#include "elementwise_impl.h"
 #include "attention_impl.h"
 
 }  // namespace
@@ -584,6 +585,7 @@ const Isa ISA_TABLE = {
     ISA_NS::quantized_dequantize,
     ISA_NS::half_widen,
     ISA_NS::decode_attention,
+    ISA_NS::silu_mul,
     ISA_NS::to_f32,
     ISA_NS::from_f32,
 };

@@ -82,6 +82,10 @@ struct Isa {
   void (*half_widen)(const HalfArgs&, int n0, int n1, float* tile);
   // Attention for the (batch, KV head) items [item0, item1), item = b * kv_heads + g.
   void (*decode_attention)(const AttentionArgs&, int item0, int item1);
+  // out[i] = silu(gate[i]) * x[i] for i in [begin, end), all three of `type`, rounded as MLX's
+  // ops round each step.
+  void (*silu_mul)(const void* gate, const void* x, void* out, Scalar type, std::size_t begin,
+                   std::size_t end);
   // Elementwise conversions, for inputs and outputs.
   void (*to_f32)(const void* in, Scalar type, std::size_t count, float* out);
   void (*from_f32)(const float* in, Scalar type, std::size_t count, void* out);

@@ -111,6 +111,38 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
                    {mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)});
 }
 
+mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s) {
+  if (gate.shape() != x.shape() || gate.dtype() != x.dtype())
+    throw std::invalid_argument("gate and x must share a shape and a dtype");
+  scalar_of(x.dtype(), "x");
+  mx::Stream stream = cpu_stream(s);
+  return mx::array(x.shape(), x.dtype(), std::make_shared<CpuSiluMul>(stream),
+                   {mx::contiguous(gate, false, stream), mx::contiguous(x, false, stream)});
+}
+
+void CpuSiluMul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& encoder = prepared_encoder(stream(), inputs, out);
+  encoder.dispatch([gate = mx::array::unsafe_weak_copy(inputs[0]),
+                    x = mx::array::unsafe_weak_copy(inputs[1]),
+                    out = mx::array::unsafe_weak_copy(out)]() mutable {
+    const std::size_t size = x.size();
+    if (size == 0) return;
+    const Isa& isa = best_isa();
+    const Scalar type = scalar_of(x.dtype(), "x");
+    // Shares of at least this many values: a thread's hand-off costs more than a smaller one.
+    constexpr std::size_t SHARE = 16384;
+    const int parts = static_cast<int>(std::clamp<std::size_t>(size / SHARE, 1, thread_count()));
+    parallel_for(parts, [&](int part) {
+      const std::size_t b = size * part / parts / 64 * 64, e = part + 1 == parts ? size : size * (part + 1) / parts / 64 * 64;
+      if (b < e) isa.silu_mul(gate.data<void>(), x.data<void>(), out.data<void>(), type, b, e);
+    });
+  });
+}
+
+void CpuSiluMul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuSiluMul runs on the CPU only; use nn.silu(gate) * x");
+}
+
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, const std::optional<mx::array>& mask,
                            mx::StreamOrDevice s) {

@@ -30,6 +30,18 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
                            float scale, const std::optional<mx::array>& mask,
                            mx::StreamOrDevice s = {});
 
+// silu(gate) * x (mlx-lm's swiglu) in one pass, rounded as MLX's own ops round each step.
+mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s = {});
+
+class CpuSiluMul : public mx::UnaryPrimitive {
+ public:
+  explicit CpuSiluMul(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "CpuSiluMul"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
 class CpuDecodeAttention : public mx::UnaryPrimitive {
  public:
   CpuDecodeAttention(mx::Stream stream, float scale, int mask_kind)

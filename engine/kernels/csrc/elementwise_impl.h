@@ -1,0 +1,95 @@
+// Elementwise kernels, once per instruction set: isa_impl.h includes this inside its namespace,
+// after to_f32 and from_f32. MLX's CPU runs these as chains of generic ops with a scalar exp.
+
+inline vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
+
+// e^x for x <= 0 (scores less their maximum): 2^n e^r with |r| <= ln 2 / 2 and a degree-7
+// Taylor polynomial for e^r (within an ulp or two of expf). Below -87 (a masked key's -inf
+// included) it is exactly 0, as expf's result rounds to there.
+inline vf exp_nonpositive(vf x) {
+  const vi dead = x < -87.0f;
+  x = select(dead, vf{} - 87.0f, x);
+  const vi n = __builtin_convertvector(x * 1.44269504f - 0.5f, vi);  // round to nearest, x <= 0
+  const vf nf = __builtin_convertvector(n, vf);
+  const vf r = (x - nf * 0.693145752f) - nf * 1.42860677e-6f;
+  vf p = vf{} + (1.0f / 5040.0f);
+  p = p * r + (1.0f / 720.0f);
+  p = p * r + (1.0f / 120.0f);
+  p = p * r + (1.0f / 24.0f);
+  p = p * r + (1.0f / 6.0f);
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const vf scale = (vf)((n + 127) << 23);
+  return select(dead, vf{}, p * scale);
+}
+
+// silu(gate) * x as MLX's bf16 and fp16 ops compute it: sigmoid in fp32, then the sigmoid, the
+// product with gate and the product with x each rounded to the type.
+// fp32 lanes rounded to bf16 (to nearest even; NaN stays NaN) or fp16, and back to fp32.
+template <typename H>
+inline vf round_to(vf v) {
+  if constexpr (std::is_same_v<H, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<H, bf16>) {
+    const vu u = (vu)v;
+    const vu even = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const vi nan = (vi)((u & 0x7fffffffu) > 0x7f800000u);
+    return (vf)(vu)select(nan, (vf)((u | 0x00400000u) & 0xffff0000u), (vf)even);
+  } else {
+    alignas(64) float lanes[L];
+    alignas(64) uint16_t halves[L];
+    store(lanes, v);
+    from_f32(lanes, Scalar::f16, L, halves);
+    return load_f16(halves);
+  }
+}
+
+// e^x for any x: 2^n e^r as in exp_nonpositive, infinite past the largest float.
+inline vf exp_any(vf x) {
+  const vi dead = x < -87.0f, huge = x > 88.7f;
+  x = select(dead, vf{} - 87.0f, select(huge, vf{} + 88.0f, x));
+  const vf half = select(x < 0.0f, vf{} - 0.5f, vf{} + 0.5f);
+  const vi n = __builtin_convertvector(x * 1.44269504f + half, vi);  // round to nearest
+  const vf nf = __builtin_convertvector(n, vf);
+  const vf r = (x - nf * 0.693145752f) - nf * 1.42860677e-6f;
+  vf p = vf{} + (1.0f / 5040.0f);
+  p = p * r + (1.0f / 720.0f);
+  p = p * r + (1.0f / 120.0f);
+  p = p * r + (1.0f / 24.0f);
+  p = p * r + (1.0f / 6.0f);
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const vf value = p * (vf)((n + 127) << 23);
+  return select(dead, vf{}, select(huge, vf{} + INFINITY, value));
+}
+
+// MLX's sigmoid of a 16-bit x rounds e^-x to the type before 1 / (1 + e^-x) (this matched
+// mx.sigmoid most often of the orders tried); its silu then rounds the sigmoid, and the
+// products with gate and with x.
+template <typename H>
+inline vf silu_times(vf g, vf x) {
+  const vf sigmoid = round_to<H>(1.0f / (1.0f + round_to<H>(exp_any(vf{} - g))));
+  return round_to<H>(round_to<H>(g * sigmoid) * x);
+}
+
+void silu_mul(const void* gate, const void* x, void* out, Scalar type, std::size_t begin,
+              std::size_t end) {
+  alignas(64) float g32[L], x32[L], o32[L];
+  const std::size_t size = type == Scalar::f32 ? 4 : 2;
+  auto at = [size](const void* base, std::size_t i) { return static_cast<const char*>(base) + i * size; };
+  for (std::size_t i = begin; i < end; i += L) {
+    const std::size_t count = std::min<std::size_t>(L, end - i);
+    std::fill(g32, g32 + L, 0.0f);
+    std::fill(x32, x32 + L, 0.0f);
+    to_f32(at(gate, i), type, count, g32);
+    to_f32(at(x, i), type, count, x32);
+    vf result;
+    if (type == Scalar::bf16) result = silu_times<bf16>(load(g32), load(x32));
+    else if (type == Scalar::f16) result = silu_times<f16>(load(g32), load(x32));
+    else result = silu_times<float>(load(g32), load(x32));
+    store(o32, result);
+    from_f32(o32, type, count, static_cast<char*>(out) + i * size);
+  }
+}
