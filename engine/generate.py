@@ -18,6 +18,7 @@ from mlx_lm.generate import generate_step, generation_stream, wired_limit
 from engine.answer import Answer, is_harmony
 from engine.errors import ModelFormatError, RequestError
 from engine.harmony import render_gpt_oss_prompt
+from engine.kernels import routing
 from engine.loading import LoadedModel
 from engine.parsers import tool_schema
 from engine.prefill import MAX_STEP, Agree, PrefillPace, feed, prefill_steps, timed_feed
@@ -191,7 +192,7 @@ def first_token(
         for start in range(0, len(head), PREFILL_STEP):
             feed(model, head[start : start + PREFILL_STEP], cache)
         logits = last_position_logits(model, mx.array(tail)[None], cache)
-        first = sampler(logits - mx.logsumexp(logits, keepdims=True))
+        first = sampler(logits - routing.logsumexp(logits, keepdims=True))
         finite = mx.all(mx.isfinite(logits))
         mx.eval(first, finite)
     if pace is not None:

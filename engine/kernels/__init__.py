@@ -131,3 +131,10 @@ def silu_mul(gate: mx.array, x: mx.array) -> mx.array:
     module = extension()
     assert module is not None
     return cast(mx.array, module.silu_mul(gate, x))
+
+
+def logsumexp_last(x: mx.array) -> mx.array:
+    """mx.logsumexp(x, axis=-1, keepdims=True) through the extension (which must be available)."""
+    module = extension()
+    assert module is not None
+    return cast(mx.array, module.logsumexp_last(x))

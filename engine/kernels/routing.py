@@ -3,7 +3,8 @@ weights, `QuantizedEmbedding.as_linear` (a tied head) and the sharded linears th
 parallelism uses; and its `RMSNorm`s. Each routed layer gets a subclass of its own class whose
 forward pass calls the kernels; its weights and parameters are untouched, so loading, sharding
 and the ring see the same module tree. mlx-lm's `swiglu`, which its model modules import by
-name, is routed in those modules.
+name, is routed in those modules, and the `mx.logsumexp` that normalises the logits at every
+sampling step in mlx-lm's generate module (`logsumexp` here).
 """
 # pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false, reportUnknownVariableType=false
 # pyright: reportUnknownArgumentType=false, reportAttributeAccessIssue=false
@@ -12,6 +13,7 @@ name, is routed in those modules.
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
 from typing import Any
 
@@ -114,6 +116,38 @@ def _restore_swiglu() -> None:
             module.swiglu = original
 
 
+def logsumexp(
+    a: mx.array, axis: int | None = None, keepdims: bool = False, **kwargs: Any
+) -> mx.array:
+    """mx.logsumexp, over the last axis on the kernels where they run (MLX's CPU takes a scalar
+    exp over every logit of a sampling step)."""
+    last = axis in (-1, a.ndim - 1) or (axis is None and all(d == 1 for d in a.shape[:-1]))
+    if kwargs or a.ndim == 0 or not last or a.dtype not in kernels.FLOAT_TYPES or not enabled():
+        return mx.logsumexp(a, axis=axis, keepdims=keepdims, **kwargs)
+    out = kernels.logsumexp_last(a)
+    return out if keepdims else out.squeeze(-1)
+
+
+class _MlxForGenerate:
+    """mlx.core as mlx-lm's generate module sees it, with `logsumexp` above: that module calls
+    `mx.logsumexp` by its module's name, so this takes the place of its `mx`."""
+
+    logsumexp = staticmethod(logsumexp)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(mx, name)
+
+
+def _route_logsumexp(on: bool) -> None:
+    # (`mlx_lm.generate` as an attribute is the package's generate function, not the module.)
+    generate = importlib.import_module("mlx_lm.generate")
+    current: Any = getattr(generate, "mx")  # noqa: B009 - replaced below
+    if on and not isinstance(current, _MlxForGenerate):
+        setattr(generate, "mx", _MlxForGenerate())  # noqa: B010 - a module's global
+    elif not on and isinstance(current, _MlxForGenerate):
+        setattr(generate, "mx", mx)  # noqa: B010
+
+
 @functools.cache
 def _routed_class(cls: type, method: str, forward: Any) -> type:
     return type(f"Cpu{cls.__name__}", (cls,), {method: forward, _ROUTED: True})
@@ -132,6 +166,7 @@ def install(model: nn.Module) -> int:
             kernels.warn_once(f"CPU kernels: {kernels.describe()}")
         return 0
     _route_swiglu()
+    _route_logsumexp(True)
     routed = 0
     for _, layer in model.named_modules():
         if getattr(type(layer), _ROUTED, False):
@@ -160,9 +195,10 @@ def install(model: nn.Module) -> int:
 
 
 def uninstall(model: nn.Module) -> int:
-    """Put `model`'s routed layers, and mlx-lm's swiglu, back on MLX's kernels; the number of
-    layers changed."""
+    """Put `model`'s routed layers, mlx-lm's swiglu and its logsumexp back on MLX's kernels; the
+    number of layers changed."""
     _restore_swiglu()
+    _route_logsumexp(False)
     restored = 0
     for _, layer in model.named_modules():
         if getattr(type(layer), _ROUTED, False):

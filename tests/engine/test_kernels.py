@@ -360,6 +360,51 @@ def test_a_models_swiglu_runs_on_the_kernel_and_gives_the_same_tokens(
         assert float(mx.max(mx.abs(got - expected))) <= 5e-2 * float(mx.max(mx.abs(expected)))
 
 
+@PROPERTIES
+@given(
+    rows=st.integers(1, 9),
+    n=st.integers(1, 3000),
+    spread=st.floats(0.1, 40.0),
+    dtype=st.sampled_from(FLOATS),
+    seed=st.integers(0, 2**16),
+)
+def test_logsumexp_matches_the_exact_value(
+    isa: str, rows: int, n: int, spread: float, dtype: mx.Dtype, seed: int
+) -> None:
+    """Against the sum in float64: within 1e-5 of max(1, |value|) (the exp's two ulps and the
+    sum's rounding), plus the rounding of the output type. MLX's own fp32 logsumexp is off by
+    more over a vocabulary's worth of logits; this checks the kernel's own error."""
+    import numpy as np
+
+    x = (spread * mx.random.normal((rows, n), key=mx.random.key(seed))).astype(dtype)
+    values = np.array(x.astype(mx.float32), dtype=np.float64)
+    top = values.max(axis=-1, keepdims=True)
+    exact = top + np.log(np.exp(values - top).sum(axis=-1, keepdims=True))
+    got = np.array(
+        routing.logsumexp(x, axis=-1, keepdims=True).astype(mx.float32), dtype=np.float64
+    )
+    assert got.shape == (rows, 1)
+    allowed = 1e-5 * np.maximum(1.0, np.abs(exact)) + ROUNDING[dtype] * np.abs(exact)
+    assert float(np.max(np.abs(got - exact) / allowed)) <= 1.0
+
+
+def test_mlx_lms_sampling_normaliser_runs_on_the_kernel(kernel_models: dict[str, Path]) -> None:
+    """mlx-lm's generate module normalises the logits with its `mx.logsumexp` at every step:
+    loading a model routes that name to the kernel, and going back to MLX's kernels restores
+    it; other reductions keep MLX's."""
+    generate: Any = sys.modules["mlx_lm.generate"]
+    loaded = load_model_sync(kernel_models["llama-q4-g64"])
+    logits = mx.random.normal((2, 300), key=mx.random.key(1))
+    assert generate.mx.logsumexp is routing.logsumexp
+    assert mx.allclose(generate.mx.logsumexp(logits, axis=-1), mx.logsumexp(logits, axis=-1))
+    assert mx.allclose(routing.logsumexp(logits, axis=0), mx.logsumexp(logits, axis=0))
+    routing.uninstall(loaded.model)
+    try:
+        assert generate.mx is mx
+    finally:
+        routing.install(loaded.model)
+
+
 def test_decode_attention_refuses_mismatched_arguments() -> None:
     q = mx.zeros((1, 4, 1, 8))
     with pytest.raises(ValueError, match="multiple of k's"):

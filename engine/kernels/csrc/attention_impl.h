@@ -5,24 +5,6 @@
 // many times the arithmetic; here each key and value row is read once for all the query heads
 // that share it.
 
-// The sum of a vector's lanes as a tree of halvings.
-inline float lane_sum(vf v) {
-#if LANES == 16
-  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  return v[0];
-#elif LANES == 8
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
-  return v[0];
-#else
-  return hsum(v);
-#endif
-}
-
 // One row of `d` values of `type` at `in` as fp32 into `out`, padded with zeros to `padded`.
 inline void row_to_f32(const void* in, Scalar type, int d, int padded, float* out) {
   to_f32(in, type, static_cast<std::size_t>(d), out);

@@ -1,6 +1,24 @@
 // Elementwise kernels, once per instruction set: isa_impl.h includes this inside its namespace,
 // after to_f32 and from_f32. MLX's CPU runs these as chains of generic ops with a scalar exp.
 
+// The sum of a vector's lanes as a tree of halvings.
+inline float lane_sum(vf v) {
+#if LANES == 16
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return v[0];
+#elif LANES == 8
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+  return v[0];
+#else
+  return hsum(v);
+#endif
+}
+
 inline vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
 // e^x for x <= 0 (scores less their maximum): 2^n e^r with |r| <= ln 2 / 2 and a degree-7
@@ -91,5 +109,40 @@ void silu_mul(const void* gate, const void* x, void* out, Scalar type, std::size
     else result = silu_times<float>(load(g32), load(x32));
     store(o32, result);
     from_f32(o32, type, count, static_cast<char*>(out) + i * size);
+  }
+}
+
+// log(sum(exp(x))) of each row of `n` values, rows [r0, r1), in fp32 (the largest value taken
+// out first), each rounded once to `type` into out[row].
+void logsumexp_rows(const void* x, Scalar type, int n, long r0, long r1, void* out) {
+  const std::size_t size = type == Scalar::f32 ? 4 : 2;
+  thread_local std::vector<float> row;
+  row.resize(static_cast<std::size_t>(n) + L);
+  for (long r = r0; r < r1; ++r) {
+    to_f32(static_cast<const char*>(x) + static_cast<std::size_t>(r) * n * size, type,
+           static_cast<std::size_t>(n), row.data());
+    float top = -INFINITY;
+    int i = 0;
+    vf tops = vf{} - INFINITY;
+    for (; i + L <= n; i += L) {
+      const vf v = load(row.data() + i);
+      tops = select(v > tops, v, tops);
+    }
+    for (int l = 0; l < L; ++l) top = std::max(top, tops[l]);
+    for (; i < n; ++i) top = std::max(top, row[i]);
+    float total = 0.0f;
+    if (std::isfinite(top)) {
+      // Four sums side by side: a long row's rounding grows with the additions each takes.
+      vf sums[4] = {};
+      i = 0;
+      for (; i + 4 * L <= n; i += 4 * L)
+        for (int s = 0; s < 4; ++s) sums[s] += exp_nonpositive(load(row.data() + i + s * L) - top);
+      for (; i + L <= n; i += L) sums[0] += exp_nonpositive(load(row.data() + i) - top);
+      total = lane_sum((sums[0] + sums[1]) + (sums[2] + sums[3]));
+      for (; i < n; ++i) total += std::exp(row[i] - top);
+    }
+    // A row of -inf gives -inf, one holding +inf or NaN gives it back, as MLX's does.
+    const float result = std::isfinite(top) ? top + std::log(total) : top;
+    from_f32(&result, type, 1, static_cast<char*>(out) + static_cast<std::size_t>(r) * size);
   }
 }

@@ -586,6 +586,7 @@ const Isa ISA_TABLE = {
     ISA_NS::half_widen,
     ISA_NS::decode_attention,
     ISA_NS::silu_mul,
+    ISA_NS::logsumexp_rows,
     ISA_NS::to_f32,
     ISA_NS::from_f32,
 };

@@ -86,6 +86,8 @@ struct Isa {
   // ops round each step.
   void (*silu_mul)(const void* gate, const void* x, void* out, Scalar type, std::size_t begin,
                    std::size_t end);
+  // out[r] = log(sum(exp(x[r]))) for rows [r0, r1) of `n` values of `type` (out of `type`).
+  void (*logsumexp_rows)(const void* x, Scalar type, int n, long r0, long r1, void* out);
   // Elementwise conversions, for inputs and outputs.
   void (*to_f32)(const void* in, Scalar type, std::size_t count, float* out);
   void (*from_f32)(const float* in, Scalar type, std::size_t count, void* out);

@@ -111,6 +111,36 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
                    {mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)});
 }
 
+mx::array logsumexp_last(const mx::array& x, mx::StreamOrDevice s) {
+  if (x.ndim() < 1 || x.shape(-1) == 0)
+    throw std::invalid_argument("x needs a last axis with values");
+  scalar_of(x.dtype(), "x");
+  mx::Stream stream = cpu_stream(s);
+  return mx::array(with_last(x, 1), x.dtype(), std::make_shared<CpuLogSumExp>(stream),
+                   {mx::contiguous(x, false, stream)});
+}
+
+void CpuLogSumExp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& encoder = prepared_encoder(stream(), inputs, out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                    out = mx::array::unsafe_weak_copy(out)]() mutable {
+    const int n = x.shape(-1);
+    const long rows = static_cast<long>(x.size() / n);
+    if (rows == 0) return;
+    const Isa& isa = best_isa();
+    const Scalar type = scalar_of(x.dtype(), "x");
+    const int parts = static_cast<int>(std::min<long>(thread_count(), rows));
+    parallel_for(parts, [&](int part) {
+      const long r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
+      if (r0 < r1) isa.logsumexp_rows(x.data<void>(), type, n, r0, r1, out.data<void>());
+    });
+  });
+}
+
+void CpuLogSumExp::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuLogSumExp runs on the CPU only; use mx.logsumexp");
+}
+
 mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s) {
   if (gate.shape() != x.shape() || gate.dtype() != x.dtype())
     throw std::invalid_argument("gate and x must share a shape and a dtype");

@@ -30,6 +30,19 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
                            float scale, const std::optional<mx::array>& mask,
                            mx::StreamOrDevice s = {});
 
+// mx.logsumexp(x, axis=-1, keepdims=True): the logits' normaliser at every sampling step,
+// which MLX's CPU computes with a scalar exp.
+mx::array logsumexp_last(const mx::array& x, mx::StreamOrDevice s = {});
+
+class CpuLogSumExp : public mx::UnaryPrimitive {
+ public:
+  explicit CpuLogSumExp(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "CpuLogSumExp"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
 // silu(gate) * x (mlx-lm's swiglu) in one pass, rounded as MLX's own ops round each step.
 mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s = {});
 
