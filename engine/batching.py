@@ -304,16 +304,19 @@ class BatchEngine:
         return self._batch
 
     def _admit(self) -> None:
+        # Several joining at once are prefilled by the batch together: one pass over the
+        # weights for all their prompts, where one at a time would take a pass each.
+        together = min(len(self._waiting), self.max_batch - len(self._live)) > 1
         while self._waiting and len(self._live) < self.max_batch:
             admission = self._waiting.popleft()
             with self._lock:
                 caller = self._callers.get(admission.id)
             if caller is not None:  # (its cancel was looked at this round)
-                self._start(admission, caller)
+                self._start(admission, caller, together)
 
-    def _start(self, admission: Admission, caller: _Caller) -> None:
+    def _start(self, admission: Admission, caller: _Caller, together: bool = False) -> None:
         try:
-            self._join(admission, caller)
+            self._join(admission, caller, together)
         except Exception as error:  # a fault of this request's first pass: it alone ends
             log.exception("A request could not start")
             message = f"Decoding failed: {type(error).__name__}: {error}"
@@ -328,15 +331,15 @@ class BatchEngine:
             answer.finish = "error"
             self._reply(admission.id, caller, [ErrorChunk(message=message), *answer.done()])
 
-    def _join(self, admission: Admission, caller: _Caller) -> None:
+    def _join(self, admission: Admission, caller: _Caller, together: bool = False) -> None:
         """Take the request's cache and put it into the batch.
 
         A short rest of the prompt goes through the model here, in the one pass that also gives
         the first token, as `engine.generate` does: the batch would prefill it, then step its
-        last token, a second pass over every weight before the first token. A longer rest, or
-        one that would take more than a step (engine.prefill), is prefilled by the batch, a
-        step's share at a time: the others go on decoding, its progress is reported after each
-        step, and a cancel lands between them."""
+        last token, a second pass over every weight before the first token. A longer rest, one
+        that would take more than a step (engine.prefill), or one joining `together` with
+        others is prefilled by the batch, a step's share at a time: the others go on decoding,
+        its progress is reported after each step, and a cancel lands between them."""
         prompt = list(admission.prompt)
         request = admission.request
         model = self.loaded.model
@@ -351,7 +354,8 @@ class BatchEngine:
         pace = self.loaded.prefill_pace
         total = len(rest)
         probed = self._probe(rest, cache, caller) if pace.tokens_per_s is None else 0
-        if len(rest) - probed > one_pass_tokens or pace.step(len(rest) - probed):
+        batch_prefills = together and len(rest) - probed > 1
+        if batch_prefills or len(rest) - probed > one_pass_tokens or pace.step(len(rest) - probed):
             (uid,) = self._generator().insert(
                 [rest[probed:]],
                 max_tokens=[admission.max_tokens],
