@@ -185,6 +185,9 @@ class PrefillProgress(Frozen):
 class ErrorChunk(Frozen):
     type: Literal["error"] = "error"
     message: str
+    # The request was refused before it ran, for a cause in the request itself (a prompt past
+    # the context, a bad value): an API answers it with a 400, as a refusal on one machine.
+    refused: bool = False
 
 
 FinishReason = Literal["stop", "length", "cancelled", "tool_calls", "error"]

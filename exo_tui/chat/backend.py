@@ -161,7 +161,7 @@ class ClusterBackend:
             yield chunk
         error = None if pumping.cancelled() else pumping.exception()
         if isinstance(error, EngineError):
-            yield from failure_chunks(str(error))
+            yield from failure_chunks(str(error), refused=True)
         elif error is not None:  # a bug or a lost connection: still said, not an empty answer
             yield from failure_chunks(f"{type(error).__name__}: {error}")
 

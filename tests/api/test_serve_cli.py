@@ -104,5 +104,12 @@ def test_serve_on_the_cluster_gives_the_tokens_of_one_machine(
     answer = httpx.post(f"{together.url}/v1/chat/completions", json=body, timeout=120).json()
     assert answer["choices"][0]["message"] == expected["choices"][0]["message"]
     assert answer["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"] == 24
+    # The ranks refuse a prompt past the context: a 400 with the numbers, as on one machine.
+    long = {**body, "messages": [{"role": "user", "content": "hello there " * 3000}]}
+    refused = httpx.post(f"{together.url}/v1/chat/completions", json=long, timeout=120)
+    assert refused.status_code == 400, refused.text
+    assert "2048" in refused.json()["error"]["message"]
+    again = httpx.post(f"{together.url}/v1/chat/completions", json=body, timeout=120).json()
+    assert again["choices"][0]["message"] == expected["choices"][0]["message"]  # it goes on
     code, err = together.interrupt()
     assert code == 0, err

@@ -557,10 +557,11 @@ def _log_tail(log: Path) -> str:
     return f" ({lines[-1].strip()[:300]})" if lines else ""
 
 
-def failure_chunks(message: str) -> list[Chunk]:
-    """How a generation that could not run ends: an ErrorChunk, then a DoneChunk saying so."""
+def failure_chunks(message: str, refused: bool = False) -> list[Chunk]:
+    """How a generation that could not run ends: an ErrorChunk, then a DoneChunk saying so.
+    `refused`: for a cause in the request (an EngineError), not a fault of the ring."""
     return [
-        ErrorChunk(message=message),
+        ErrorChunk(message=message, refused=refused),
         DoneChunk(
             finish_reason="error",
             usage=Usage(prompt_tokens=0, completion_tokens=0),

@@ -322,7 +322,7 @@ class RankHost:
             except EngineError as error:  # a request error on every rank: the ring is fine
                 log.warning("request %s failed: %s", frame.request_id, error)
                 if speaks:  # the coordinator shows it, as one machine would
-                    for chunk in failure_chunks(str(error)):
+                    for chunk in failure_chunks(str(error), refused=True):
                         answer(chunk)
 
         try:
