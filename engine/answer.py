@@ -31,6 +31,20 @@ from engine.types import (
 )
 
 
+def failure_chunks(message: str, *, prompt_tokens: int = 0, refused: bool = False) -> list[Chunk]:
+    """How a request that could not run ends: an ErrorChunk, then a DoneChunk saying so.
+    `refused`: for a cause in the request (an EngineError), not a fault of the model or ring."""
+    return [
+        ErrorChunk(message=message, refused=refused),
+        DoneChunk(
+            finish_reason="error",
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=0),
+            stats=Stats(ttft_s=0.0, prefill_tps=0.0, decode_tps=0.0, peak_memory_bytes=0),
+            token_ids=(),
+        ),
+    ]
+
+
 class StreamParser(Protocol):
     def feed(self, token: int, text: str) -> Sequence[ParsedChunk]: ...
     def finish(self) -> Sequence[ParsedChunk]: ...

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Frozen, Stats, Usage
+from engine.types import ChatRequest, Frozen
 
 
 # What callers send the model's thread.
@@ -51,16 +51,3 @@ class PrefillDone(Frozen):
     tokens: int = 0
     cause: str | None = None
     fix: str = ""
-
-
-def failure_chunks(prompt_tokens: int, message: str) -> list[Chunk]:
-    """How a request that could not run ends: an ErrorChunk, then a DoneChunk saying so."""
-    return [
-        ErrorChunk(message=message),
-        DoneChunk(
-            finish_reason="error",
-            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=0),
-            stats=Stats(ttft_s=0.0, prefill_tps=0.0, decode_tps=0.0, peak_memory_bytes=0),
-            token_ids=(),
-        ),
-    ]

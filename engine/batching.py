@@ -30,7 +30,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine import mlx_threads
-from engine.answer import Answer, is_harmony
+from engine.answer import Answer, failure_chunks, is_harmony
 from engine.batch_messages import (
     Admission,
     Closing,
@@ -39,7 +39,6 @@ from engine.batch_messages import (
     PrefillDone,
     Refused,
     Withdrawal,
-    failure_chunks,
 )
 from engine.errors import EngineError, ModelFormatError, RequestError
 from engine.generate import (
@@ -167,7 +166,9 @@ class BatchEngine:
             id=ident, request=request, prompt=tuple(prompt), max_tokens=max_tokens, started=started
         )
         if not self._send(admission):
-            yield from failure_chunks(len(prompt), f"{self.loaded.card.name} was unloaded")
+            yield from failure_chunks(
+                f"{self.loaded.card.name} was unloaded", prompt_tokens=len(prompt)
+            )
             return
         ended = False
         try:
@@ -248,7 +249,7 @@ class BatchEngine:
                     caller = self._callers.pop(message.id, None)
                 if caller is not None:
                     for chunk in failure_chunks(
-                        len(message.prompt), f"{self.loaded.card.name} was unloaded"
+                        f"{self.loaded.card.name} was unloaded", prompt_tokens=len(message.prompt)
                     ):
                         caller.replies.put(chunk)
             elif isinstance(message, PrefillAsked):

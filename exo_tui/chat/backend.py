@@ -14,12 +14,12 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Protocol
 
+from engine.answer import failure_chunks
 from engine.batching import DEFAULT_BATCH, BatchEngine, batchable
 from engine.errors import EngineError
 from engine.generate import CancelToken, generate, prefill_next_turn
 from engine.loading import LoadedModel
 from engine.types import ChatRequest, Chunk, ModelCard
-from exo_tui.cluster.worker.local_ring import failure_chunks
 
 # A generation of engine chunks: engine.generate over a loaded model, or a ring's chat.
 GenerateFn = Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]

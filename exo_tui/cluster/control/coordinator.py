@@ -26,6 +26,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from engine.answer import failure_chunks
 from engine.generate import CancelToken
 from engine.types import ChatRequest, Chunk, ModelCard
 from exo_tui.cluster.control.placement import Placement
@@ -61,7 +62,6 @@ from exo_tui.cluster.wire.frames import (
     StopInstance,
 )
 from exo_tui.cluster.worker.failures import lost_a_peer
-from exo_tui.cluster.worker.local_ring import failure_chunks
 
 Address = Callable[[str], str]  # node id -> the address the ring reaches it on
 

@@ -35,6 +35,7 @@ from typing import IO
 
 from pydantic import ValidationError
 
+from engine.answer import failure_chunks
 from engine.blas import machine_cores
 from engine.errors import RequestError
 from engine.generate import CancelToken
@@ -49,15 +50,11 @@ from engine.parallel import (
 from engine.types import (
     ChatRequest,
     Chunk,
-    DoneChunk,
-    ErrorChunk,
     Frozen,
     LoadProgress,
     ModelCard,
     ShardSpec,
-    Stats,
     Strategy,
-    Usage,
 )
 from exo_tui.cluster.errors import RingError
 from exo_tui.cluster.worker.failures import lost_a_peer
@@ -555,20 +552,6 @@ def _log_tail(log: Path) -> str:
     except OSError:
         return ""
     return f" ({lines[-1].strip()[:300]})" if lines else ""
-
-
-def failure_chunks(message: str, refused: bool = False) -> list[Chunk]:
-    """How a generation that could not run ends: an ErrorChunk, then a DoneChunk saying so.
-    `refused`: for a cause in the request (an EngineError), not a fault of the ring."""
-    return [
-        ErrorChunk(message=message, refused=refused),
-        DoneChunk(
-            finish_reason="error",
-            usage=Usage(prompt_tokens=0, completion_tokens=0),
-            stats=Stats(ttft_s=0.0, prefill_tps=0.0, decode_tps=0.0, peak_memory_bytes=0),
-            token_ids=(),
-        ),
-    ]
 
 
 def start_local_ranks(

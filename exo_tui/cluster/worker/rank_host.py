@@ -25,6 +25,7 @@ import anyio.abc
 import anyio.from_thread
 import anyio.to_thread
 
+from engine.answer import failure_chunks
 from engine.errors import EngineError
 from engine.models.finding import find_models
 from engine.types import Chunk, ModelCard
@@ -51,7 +52,7 @@ from exo_tui.cluster.wire.frames import (
     SendFrame,
     StopInstance,
 )
-from exo_tui.cluster.worker.local_ring import LocalRing, failure_chunks, free_ports
+from exo_tui.cluster.worker.local_ring import LocalRing, free_ports
 from exo_tui.hub.downloads import download
 from exo_tui.hub.errors import DownloadError
 
