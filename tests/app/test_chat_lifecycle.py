@@ -109,4 +109,11 @@ async def test_f4_copies_the_last_code_block(models_dir: Path, exo_home: Path) -
         await wait_until(pilot, lambda: bool(app.query(AnswerView)))
         await pilot.press("f4")
         await wait_until(pilot, lambda: app.clipboard == "import os\nprint(os.listdir())")
-        assert any("Copied the last code block (2 lines)" in n.message for n in app._notifications)
+        assert any(
+            "Copied the last code block of 2 (2 lines)" in n.message for n in app._notifications
+        )
+        await pilot.press("f4")  # again: the one before it
+        await wait_until(pilot, lambda: app.clipboard == "ls -la")
+        assert any("Copied code block 1 of 2 (1 line)" in n.message for n in app._notifications)
+        await pilot.press("f4")  # and round to the last
+        await wait_until(pilot, lambda: app.clipboard == "import os\nprint(os.listdir())")
