@@ -23,7 +23,7 @@ from engine.types import (
     TextChunk,
 )
 from exo_tui.app.engine_thread import ENGINE_THREAD
-from exo_tui.app.failed_turn import failure, give_back, unsent
+from exo_tui.app.failed_turn import failed_at_once, failure, give_back, unsent
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keys import shown
 from exo_tui.app.messages import HistorySaved, TurnEnded
@@ -427,8 +427,9 @@ class Conversation:
             return None
         if self._wait_until_attached(answer):
             answer.post_message(AnswerView.Feed(pending))
-        self._app.post_message(TurnEnded(added))
-        return added
+        failed = failed_at_once(added, dones)  # its error chunk is on screen: nothing to add
+        self._app.post_message(TurnEnded([] if failed else added, error="" if failed else None))
+        return None if failed else added
 
     def _wait_until_attached(self, answer: AnswerView) -> bool:
         """In a worker: wait for `answer` to be mounted; False when the app exits first."""

@@ -4,7 +4,7 @@ sent, and the message back in the prompt to change (a prompt too long for the mo
 from __future__ import annotations
 
 from engine.errors import EngineError
-from engine.types import ErrorChunk, Message
+from engine.types import DoneChunk, ErrorChunk, Message
 from exo_tui.app.unsaved import Stats
 from exo_tui.app.widgets.prompt import PromptInput
 
@@ -34,3 +34,10 @@ def failure(error: Exception) -> ErrorChunk:
     if isinstance(error, EngineError):
         return ErrorChunk(message=str(error))
     return ErrorChunk(message=f"{type(error).__name__}: {error}")
+
+
+def failed_at_once(added: list[Message], dones: list[DoneChunk]) -> bool:
+    """Whether a turn that ran ended in an error before any answer (a cluster's refusal comes
+    as chunks, not raised): the same as one that raised."""
+    empty = len(added) == 1 and not (added[0].content or added[0].reasoning or added[0].tool_calls)
+    return empty and len(dones) == 1 and dones[0].finish_reason == "error"
