@@ -255,7 +255,7 @@ class AnswerView(SizedByTheLayout, Widget):
             self.refresh()  # the one line: a repaint, not a layout
         elif self._prefill_line is None:
             self._prefill_line = Static(self._wait_text(), classes="answer-wait")
-            self.mount(self._prefill_line)
+            self._add(self._prefill_line)
         else:
             self._prefill_line.update(self._wait_text())
 
