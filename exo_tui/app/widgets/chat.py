@@ -31,6 +31,7 @@ from engine.types import (
 )
 from engine.types import Message as ChatMessage
 from exo_tui.app.keys import shown
+from exo_tui.app.widgets import quiet
 from exo_tui.app.widgets.sized import SizedByTheLayout
 from exo_tui.app.widgets.tool_card import ToolCallView
 
@@ -418,7 +419,7 @@ class ChatPane(SizedByTheLayout, VerticalScroll):
 
     def set_hint(self, text: str) -> None:
         """What an empty chat says to do; the first entry hides it."""
-        self._hint.update(text)
+        quiet.show(self._hint, text)  # asked at every cluster event: most say the same
         if not self._hint.is_attached:
             self._log.mount(self._hint)
         self._hint.display = not self.entries()
