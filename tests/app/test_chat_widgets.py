@@ -530,3 +530,18 @@ async def test_a_round_after_a_tool_call_shows_its_prefill_under_what_came_befor
         await answer.feed(done())
         children = [type(child).__name__ for child in answer.children]
         assert children == ["ToolCallView", "StatsLine", "AnswerMarkdown", "StatsLine"]
+
+
+@pytest.mark.anyio
+async def test_a_later_rounds_prefill_and_its_words_in_one_batch_leave_no_line() -> None:
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        pane, answer = await start(pilot)
+        call = ToolCallChunk(id="call-1", name="calculator", arguments={"expression": "2+2"})
+        result = ToolResult(id="call-1", name="calculator", content="4", ok=True)
+        events = [call, done("tool_calls"), result, PrefillProgress(done=3, total=9)]
+        answer.post_message(AnswerView.Feed([*events, TextChunk(text="4."), done()]))
+        await wait_until(pilot, lambda: len(answer.query(StatsLine)) == 2)
+        await pilot.pause()
+        children = [type(child).__name__ for child in answer.children]
+        assert children == ["ToolCallView", "StatsLine", "AnswerMarkdown", "StatsLine"]
+        assert not answer.prefilling

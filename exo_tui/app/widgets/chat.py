@@ -249,14 +249,14 @@ class AnswerView(SizedByTheLayout, Widget):
         elif self._prefill_line is not None:
             self._prefill_line.update(self._wait_text())
 
-    def _show_prefill(self) -> None:
+    async def _show_prefill(self) -> None:
         """The prefill's progress: the answer's one line until it holds anything, then (a
         round after a tool call) a line of its own under what came before."""
         if not self.children:
             self.refresh()  # the one line: a repaint, not a layout
         elif self._prefill_line is None:
             self._prefill_line = Static(self._wait_text(), classes="answer-wait")
-            self._add(self._prefill_line)
+            await self._add(self._prefill_line)
         else:
             self._prefill_line.update(self._wait_text())
 
@@ -280,7 +280,7 @@ class AnswerView(SizedByTheLayout, Widget):
                 self._prefill = chunk
                 if started:
                     self.post_message(self.Prefilling())
-                self._show_prefill()
+                await self._show_prefill()
             case TextChunk(text=text):
                 if text:
                     await self._write("text", text)
