@@ -62,10 +62,19 @@ async def test_a_reasoning_folding_below_a_view_scrolled_up_leaves_it_where_it_i
         # The answer starts: folding the reasoning would shrink the content under the view.
         await answer.feed(TextChunk(text=lines(40, 20)))
         await wait_until(pilot, lambda: pane.max_scroll_y >= before + 20)
-        await answer.feed(done())
         await pilot.pause()
         assert pane.scroll_y == held
-        assert not answer.query_one(Collapsible).collapsed  # the user may be reading it
+        reasoning = answer.query_one(Collapsible)
+        assert not reasoning.collapsed  # the user may be reading it
+
+        # Back at the end before the answer ends: it folds then, and the view stays at the end.
+        pane.focus()
+        await pilot.press("end")
+        await wait_until(pilot, lambda: pane.scroll_y == pane.max_scroll_y)
+        await answer.feed(done())
+        await wait_until(pilot, lambda: reasoning.collapsed)
+        await wait_until(pilot, lambda: pane.scroll_y == pane.max_scroll_y)
+        assert pane.following
 
 
 async def test_content_shrinking_under_a_view_scrolled_up_does_not_make_it_follow() -> None:

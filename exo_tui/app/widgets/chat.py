@@ -195,6 +195,7 @@ class AnswerView(SizedByTheLayout, Widget):
         self._texts: list[list[str]] = []
         self._part: _StreamedPart | None = None
         self._reasoning: Collapsible | None = None
+        self._fold_later = False  # the reasoning stayed open for a user scrolled up
         self._tools: dict[str, ToolCallView] = {}
         self._stored: list[Widget] = self._stored_widgets(messages, stats)
         # A streamed answer says it is waiting (and for how long) until its first chunk. It
@@ -302,6 +303,8 @@ class AnswerView(SizedByTheLayout, Widget):
                 with self.app.batch_update():  # the final text and the stats: one redraw
                     await self._end_part()
                     await self._add(StatsLine(chunk))
+                    if self._fold_later and self._reasoning is not None and self._followed():
+                        self._fold_later, self._reasoning.collapsed = False, True
                 self.wait_started = self.clock()  # a next round (after tool calls) waits anew
 
     async def on_answer_view_feed(self, message: Feed) -> None:
@@ -334,8 +337,10 @@ class AnswerView(SizedByTheLayout, Widget):
             else:
                 # Folded once the answer starts, unless the user has scrolled up (reading it,
                 # maybe): the view would lose what it shows, as the content shrank under it.
-                if self._reasoning is not None and self._followed():
-                    self._reasoning.collapsed = True
+                # Then it folds at the answer's end, if the user is back at the end by then.
+                if self._reasoning is not None:
+                    self._fold_later = not self._followed()
+                    self._reasoning.collapsed = not self._fold_later
                 await self._add(markdown)
         self._part = _StreamedPart(kind, markdown, text)
         if kind == "text":
