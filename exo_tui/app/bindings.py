@@ -61,7 +61,7 @@ APP_BINDINGS: list[Binding] = [
         "Copy code",
         id="app.copy_code",
         show=False,
-        tooltip="Copy the last code block of the last answer",
+        tooltip="Copy a code block of the last answer: the last, then each one before it",
     ),
     Binding("question_mark", "help", "Help", id="app.help_key", show=False),
 ]

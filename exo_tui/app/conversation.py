@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.errors import EngineError
 from engine.loading import run_loading
 from engine.types import (
     ChatRequest,
@@ -24,10 +23,12 @@ from engine.types import (
     TextChunk,
 )
 from exo_tui.app.engine_thread import ENGINE_THREAD
+from exo_tui.app.failed_turn import failed_at_once, failure, give_back, unsent
 from exo_tui.app.inflight import WorkInFlight
 from exo_tui.app.keys import shown
 from exo_tui.app.messages import HistorySaved, TurnEnded
 from exo_tui.app.pacing import RedrawPacer
+from exo_tui.app.save_notice import save_notice
 from exo_tui.app.turn_stats import cut_off, stats_of, turn_stats
 from exo_tui.app.unsaved import Stats, UnsavedTurns
 from exo_tui.app.widgets.chat import AnswerView, ChatPane
@@ -90,6 +91,7 @@ class Conversation:
         self._draft_timer: Timer | None = None
         self._save_problem: str | None = None  # the one the user was last told of
         self._answer: AnswerView | None = None  # the answer streaming, or the last one
+        self._sent: Message | None = None  # the user message it answers (a regenerate: None)
         self._deleted: set[str] = set()  # chats deleted while open: a late turn is not saved
         # The turn being answered (its chat, opening and answer), for a quit that cannot wait.
         self._open_turn: OpenTurn | None = None
@@ -280,6 +282,7 @@ class Conversation:
             temperature=self.settings.temperature,
         )
         answer = self._answer = AnswerView()
+        self._sent = opening[-1] if opening and opening[-1].role == "user" else None
         self.set_generating(True)
         cancel = self._cancel = threading.Event()
         backend.stop_prefill()  # stop prefilling for this turn: it is here
@@ -373,7 +376,7 @@ class Conversation:
                 if self._abandoned:  # a quit saved it already, as it stood
                     return
                 if self.unsaved is not None and chat.id not in self._deleted:
-                    messages, first = opening
+                    messages, first = opening if added is not None else unsent(opening)
                     stats = [*first, *turn_stats(added or [], dones)]
                     self.unsaved.add(chat, (*messages, *(added or [])), replace_from, stats)
                     self._app.post_message(HistorySaved(self.unsaved.save()))
@@ -416,16 +419,17 @@ class Conversation:
 
         try:
             added = run_loading(chat_turn(backend, request, self.tools, cancel), show)
-        except EngineError as error:
-            self._app.post_message(TurnEnded([], error=str(error)))
-            return None
         except Exception as error:  # the app keeps running, the chat keeps its history
-            self._app.post_message(TurnEnded([], error=f"{type(error).__name__}: {error}"))
+            failed = failure(error)
+            if self._wait_until_attached(answer):  # the answer says it, where it would be
+                answer.post_message(AnswerView.Feed([*pending, failed]))
+            self._app.post_message(TurnEnded([], error=failed.message))
             return None
         if self._wait_until_attached(answer):
             answer.post_message(AnswerView.Feed(pending))
-        self._app.post_message(TurnEnded(added))
-        return added
+        failed = failed_at_once(added, dones)  # its error chunk is on screen: nothing to add
+        self._app.post_message(TurnEnded([] if failed else added, error="" if failed else None))
+        return None if failed else added
 
     def _wait_until_attached(self, answer: AnswerView) -> bool:
         """In a worker: wait for `answer` to be mounted; False when the app exits first."""
@@ -438,8 +442,8 @@ class Conversation:
     def turn_ended(self, message: TurnEnded) -> None:
         self.set_generating(False)
         self.messages.extend(message.added)
-        if message.error:
-            self._app.notify(message.error, severity="error", timeout=10)
+        if message.error is not None:  # the answer shows why; the message waits to be changed
+            give_back(self.messages, self._sent, self._app.query_one(PromptInput))
 
     def refuse_while_answering(self) -> bool:
         """True (and a word to the user) when an answer streams: what changes the chat or the
@@ -559,15 +563,10 @@ class Conversation:
 
     def history_saved(self, problem: str | None) -> None:
         """Say once that history is not being saved, and why; and say when it is again."""
-        if problem is not None and problem != self._save_problem:
-            self._app.notify(
-                f"History could not be saved: {problem} This chat is kept here and saved as soon "
-                "as the database takes it.",
-                severity="error",
-                timeout=15,
-            )
-        elif problem is None and self._save_problem is not None:
-            self._app.notify("History is saved again.")
+        notice = save_notice(problem, self._save_problem)
+        if notice is not None:
+            text, severity, seconds = notice
+            self._app.notify(text, severity=severity, timeout=seconds)
         self._save_problem = problem
 
     def _save(self) -> None:

@@ -29,6 +29,7 @@ from engine.generate import wait_for_streams
 from exo_tui.app import garbage
 from exo_tui.app.api_service import ApiService
 from exo_tui.app.bindings import APP_BINDINGS, CHAT_BINDINGS, PALETTE_SKIPS
+from exo_tui.app.code_copy import CodeCopy
 from exo_tui.app.conversation import Conversation
 from exo_tui.app.engine_thread import ENGINE_THREAD
 from exo_tui.app.failures import cluster_failure
@@ -121,6 +122,7 @@ class ExoTuiApp(App[None]):
         self._in_flight = WorkInFlight()
         self._switch_interval = sys.getswitchinterval()  # put back when the app ends
         self._screen_cpu: Callable[[], float] | None = None  # paces streamed text (on mount)
+        self._code_copy = CodeCopy()  # which code block the copy key takes next
         tools = builtin_registry(lambda: cluster_summary(self.state, self._model_name()))
         self.conversation = Conversation(
             self, tools, self._in_flight, lambda: self._screen_cpu, self._generation_changed
@@ -425,12 +427,20 @@ class ExoTuiApp(App[None]):
     def action_copy_code(self) -> None:
         answers = list(self.query(AnswerView))
         blocks = code_blocks(answers[-1].text) if answers else []
-        if not blocks:
+        picked = self._code_copy.pick(blocks)
+        if picked is None:
             self.notify("The last answer has no code block.")
             return
-        self.copy_to_clipboard(blocks[-1])
-        lines = blocks[-1].count("\n") + 1
-        self.notify(f"Copied the last code block ({lines} line{'s' if lines > 1 else ''}).")
+        block, place = picked
+        self.copy_to_clipboard(block)
+        lines = block.count("\n") + 1
+        size = f"({lines} line{'s' if lines > 1 else ''})"
+        if len(blocks) == 1:
+            self.notify(f"Copied the code block {size}.")
+            return
+        which = "the last code block" if place == len(blocks) else f"code block {place}"
+        again = f"{shown('app.copy_code')} again copies the one before"
+        self.notify(f"Copied {which} of {len(blocks)} {size}; {again}.")
 
     async def on_unmount(self) -> None:
         sys.setswitchinterval(self._switch_interval)

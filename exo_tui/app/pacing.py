@@ -4,8 +4,10 @@ Every redraw of a growing answer costs the screen's thread a layout and a repain
 answer grows: a table or a long list is ~50 widgets to place), and the engine about as much:
 both want the same cores and the same GIL. So after the first batch, text waits at least
 STREAM_INTERVAL, and longer when the screen's thread has been busy for more than SCREEN_BUDGET
-of the time since the last batch (a costly redraw spaces the next ones out). Where a thread's
-CPU clock cannot be read (macOS), the interval alone paces.
+of the time since the last batch (a costly redraw spaces the next ones out), but never longer
+than MAX_WAIT: a screen kept busy by other work (the user typing, a long chat laid out again)
+would hold the words back for as long as it stays busy. Where a thread's CPU clock cannot be
+read (macOS), the interval alone paces.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Callable
 STREAM_INTERVAL = 1 / 4
 # The share of the time the screen's thread may be busy while an answer streams.
 SCREEN_BUDGET = 0.05
+# The longest the words wait for the screen: the stream still moves.
+MAX_WAIT = 2.0
 
 
 def thread_cpu_clock(thread: threading.Thread) -> Callable[[], float] | None:
@@ -38,10 +42,12 @@ class RedrawPacer:
         screen_cpu: Callable[[], float] | None,
         interval: float = STREAM_INTERVAL,
         budget: float = SCREEN_BUDGET,
+        max_wait: float = MAX_WAIT,
     ) -> None:
         self._screen_cpu = screen_cpu
         self._interval = interval
         self._budget = budget
+        self._max_wait = max_wait
         self._last: tuple[float, float] | None = None  # wall and screen CPU at the last batch
 
     def due(self, now: float) -> bool:
@@ -51,7 +57,9 @@ class RedrawPacer:
         elapsed = now - wall
         if elapsed < self._interval:
             return False
-        return self._screen_cpu is None or self._screen_cpu() - cpu <= self._budget * elapsed
+        if self._screen_cpu is None or elapsed >= self._max_wait:
+            return True
+        return self._screen_cpu() - cpu <= self._budget * elapsed
 
     def sent(self, now: float) -> None:
         self._last = (now, self._screen_cpu() if self._screen_cpu is not None else 0.0)

@@ -151,6 +151,33 @@ async def prefilling(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await settle(app, pilot)
 
 
+async def tool_prefilling(app: ExoTuiApp, pilot: Pilot[None]) -> None:
+    """The round after a tool call: the model prefills the tool's result, a line under it."""
+    await _model_chosen(app, pilot)
+    node, model, total = _placed(app)
+    app.dispatch(LoadStarted(node_id=node, model=model, total=total))
+    app.dispatch(LoadFinished(node_id=node, model=model, total=total))
+    pane = app.query_one(ChatPane)
+    await pane.add_user("how much memory does my cluster have?")
+    answer = await pane.start_answer()
+    answer.clock = lambda: answer.wait_started + 7  # the seconds shown, whatever the machine
+    app.conversation.generating = True  # as a turn under way (the border: prefilling)
+    await answer.feed(ToolCallChunk(id="call_1", name="cluster_status", arguments={}))
+    await answer.feed(
+        DoneChunk(
+            finish_reason="tool_calls",
+            usage=Usage(prompt_tokens=212, completion_tokens=9, cached_tokens=180),
+            stats=Stats(ttft_s=0.031, prefill_tps=850.0, decode_tps=412.0, peak_memory_bytes=0),
+            token_ids=(),
+        )
+    )
+    status = '{"nodes": [{"name": "studio", "memory_total_gb": 16.0}], "total_memory_gb": 16.0}'
+    answer.tool_result(ToolResult(id="call_1", name="cluster_status", content=status, ok=True))
+    await answer.feed(PrefillProgress(done=96, total=310))
+    await wait_until(pilot, lambda: bool(answer.query(".answer-wait")))
+    await settle(app, pilot)
+
+
 async def error(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await _model_chosen(app, pilot)
     node, model, total = _placed(app)
@@ -322,6 +349,7 @@ SCENES: dict[str, Scene] = {
     "loading": loading,
     "chatting": chatting,
     "prefilling": prefilling,
+    "tool_prefilling": tool_prefilling,
     "error": error,
     "cluster": cluster,
     "nodes": nodes,

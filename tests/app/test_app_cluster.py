@@ -154,6 +154,9 @@ async def test_a_request_error_on_the_cluster_is_shown_in_the_chat(
         shown = str(app.query_one(ErrorLine).content)
         assert "holds at most 64" in shown and "new chat" in shown, shown
         assert app.state.instance_status == "ready"  # only the request failed
+        await wait_until(pilot, lambda: not app.conversation.generating)
+        assert app.query_one(PromptInput).text == "Hello there"  # back in the prompt, to change
+        assert "Hello there" not in [m.content for m in app.conversation.messages]
 
 
 async def test_a_peer_with_another_key_is_shown_as_foreign(

@@ -196,3 +196,7 @@ async def test_the_fork_key_keeps_out_of_the_footer_at_80_by_24(models_dir: Path
         assert newcomer == ["f1", "ctrl+o", "ctrl+l"]
         assert keys.index("ctrl+l") < 4  # right after Quit: none of the chat's keys before
         assert "f9" not in keys
+        placed = [key for key in app.screen.query(FooterKey) if key.region.width > 0]
+        assert all(key.description for key in placed)  # every key says what it does (Esc: Stop)
+        stop = [key.description for key in app.screen.query(FooterKey) if key.key == "escape"]
+        assert stop == ["Stop"]

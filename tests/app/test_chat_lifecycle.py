@@ -9,7 +9,7 @@ import pytest
 from exo_tui.app.screens.chats import ChatsScreen
 from exo_tui.app.widgets.chat import StatsLine, UserMessage
 from exo_tui.app.widgets.prompt import PromptInput
-from tests.app.helpers import wait_until
+from tests.app.helpers import HeldBackend, wait_until
 from tests.app.test_app import SIZE, launch, make_app
 
 pytestmark = pytest.mark.anyio
@@ -56,6 +56,28 @@ async def test_a_send_refused_without_a_model_keeps_the_text(models_dir: Path) -
         )
         await wait_until(pilot, lambda: prompt.text == "hello")
         assert not app.query(UserMessage)
+
+
+async def test_a_send_refused_while_answering_keeps_the_text(models_dir: Path) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await launch(app, pilot)
+        assert app.conversation.backend is not None
+        held = HeldBackend(app.conversation.backend)
+        app.conversation.backend = held  # type: ignore[assignment]
+        prompt = app.query_one(PromptInput)
+        await pilot.click(PromptInput)
+        await pilot.press(*"first", "enter")
+        await wait_until(pilot, lambda: app.conversation.generating and bool(held.requests))
+        await pilot.press(*"second", "enter")
+        await wait_until(
+            pilot, lambda: any("Still answering" in n.message for n in app._notifications)
+        )
+        await wait_until(pilot, lambda: prompt.text == "second")
+        assert [m.text for m in app.query(UserMessage)] == ["first"]
+        held.go.set()
+        await wait_until(pilot, lambda: not app.conversation.generating)
+        assert prompt.text == "second"
 
 
 async def test_the_last_chat_reopens_on_start_and_is_marked_in_the_list(
@@ -109,4 +131,11 @@ async def test_f4_copies_the_last_code_block(models_dir: Path, exo_home: Path) -
         await wait_until(pilot, lambda: bool(app.query(AnswerView)))
         await pilot.press("f4")
         await wait_until(pilot, lambda: app.clipboard == "import os\nprint(os.listdir())")
-        assert any("Copied the last code block (2 lines)" in n.message for n in app._notifications)
+        assert any(
+            "Copied the last code block of 2 (2 lines)" in n.message for n in app._notifications
+        )
+        await pilot.press("f4")  # again: the one before it
+        await wait_until(pilot, lambda: app.clipboard == "ls -la")
+        assert any("Copied code block 1 of 2 (1 line)" in n.message for n in app._notifications)
+        await pilot.press("f4")  # and round to the last
+        await wait_until(pilot, lambda: app.clipboard == "import os\nprint(os.listdir())")

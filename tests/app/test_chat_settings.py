@@ -94,3 +94,19 @@ async def test_settings_are_used_by_the_turns_and_kept_with_the_chat(models_dir:
         await wait_until(pilot, lambda: again.conversation.summary is not None)
         assert again.conversation.settings.system_prompt == "Answer in German."
         assert again.conversation.settings.temperature == 0.7
+
+
+async def test_a_preset_is_chosen_from_the_keyboard(models_dir: Path) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+f")
+        await wait_until(pilot, lambda: isinstance(app.screen, ChatSettingsScreen))
+        temperature = app.screen.query_one("#settings-temperature", Input)
+        await pilot.press("shift+tab")  # from the system prompt, up to the presets
+        await pilot.press("down", "down", "enter")  # exact, precise, balanced
+        await wait_until(pilot, lambda: temperature.value == "0.7")
+        await pilot.press("down", "enter")
+        await wait_until(pilot, lambda: temperature.value == "1")
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, ChatSettingsScreen))
+        assert app.conversation.settings.temperature == 1.0

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from textual.containers import Vertical
 from textual.pilot import Pilot
+from textual.widgets import Static
 
+from engine.generate import CancelToken
 from engine.prefill import PrefillPace
+from engine.types import ChatRequest, Chunk, DoneChunk, Stats, ToolCallChunk, Usage
 from exo_tui.app.chat_status import EXAMPLES, model_state
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.widgets.chat import AnswerView, ChatPane, StatsLine
 from exo_tui.app.widgets.prompt import PromptInput
+from exo_tui.app.widgets.tool_card import ToolCallView
 from exo_tui.chat.backend import LocalBackend
 from exo_tui.cluster.control.placement import Placement, place
 from exo_tui.cluster.control.state import (
@@ -137,3 +142,54 @@ async def test_a_slow_prefill_shows_its_progress_and_esc_stops_it_between_steps(
 async def wait_until_answer(app: ExoTuiApp, pilot: Pilot[None]) -> AnswerView:
     await wait_until(pilot, lambda: bool(app.query(AnswerView)))
     return app.query(AnswerView).last()
+
+
+class ToolFirst:
+    """The loaded model, but its first round is a tool call (a tiny random model makes none):
+    the round after the tool's result is the real model's, prefilled by the engine."""
+
+    def __init__(self, backend: LocalBackend) -> None:
+        self._backend = backend
+        self.rounds = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._backend, name)
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
+        self.rounds += 1
+        if self.rounds > 1:
+            return self._backend.generate(request, cancel)
+        usage = Usage(prompt_tokens=1, completion_tokens=1)
+        stats = Stats(ttft_s=0.1, prefill_tps=1.0, decode_tps=1.0, peak_memory_bytes=0)
+        return iter(
+            [
+                ToolCallChunk(id="c1", name="calculator", arguments={"expression": "12*34"}),
+                DoneChunk(finish_reason="tool_calls", usage=usage, stats=stats, token_ids=(1,)),
+            ]
+        )
+
+
+async def test_the_round_after_a_tool_call_shows_its_prefill_too(models_dir: Path) -> None:
+    app = make_app(models_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        chat = app.screen.query_one("#chat", Vertical)
+        await launch(app, pilot)
+        backend = app.conversation.backend
+        assert isinstance(backend, LocalBackend)
+        backend.loaded.prefill_pace = PrefillPace(step_s=1e-6)  # one token a step
+        app.conversation.backend = ToolFirst(backend)  # type: ignore[assignment]
+        app.query_one(PromptInput).text = "What is 12 times 34? Tell me about the sea. " * 30
+        await pilot.press("enter")
+        answer = await wait_until_answer(app, pilot)
+        await wait_until(pilot, lambda: bool(answer.query(ToolCallView)), timeout=30)
+        await wait_until(pilot, lambda: bool(answer.query(".answer-wait")), timeout=30)
+        line = str(answer.query_one(".answer-wait", Static).render())
+        assert line.startswith("prefilling ") and line.endswith(" s · Esc stops"), line
+        done, total = (int(n.replace(",", "")) for n in line.split()[1:4:2])
+        assert 0 < done < total
+        await wait_until(pilot, lambda: chat.border_title == "Chat · tiny-llama · prefilling")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: len(answer.query(StatsLine)) == 2, timeout=30)
+        assert answer.query(StatsLine).last().done.finish_reason == "cancelled"
+        assert not answer.query(".answer-wait")
+        await wait_until(pilot, lambda: chat.border_title == "Chat · tiny-llama · ready")

@@ -505,3 +505,43 @@ async def test_a_stepped_prefill_shows_how_far_it_has_gone_until_the_first_words
         assert not answer.prefilling
         assert "prefilling" not in str(answer.render())
         assert answer.text == "Hello"
+
+
+@pytest.mark.anyio
+async def test_a_round_after_a_tool_call_shows_its_prefill_under_what_came_before() -> None:
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        pane, answer = await start(pilot)
+        call = ToolCallChunk(id="call-1", name="calculator", arguments={"expression": "2+2"})
+        await answer.feed(call)
+        await answer.feed(done("tool_calls"))
+        answer.tool_result(ToolResult(id="call-1", name="calculator", content="4", ok=True))
+        await answer.feed(PrefillProgress(done=12, total=51))
+        assert answer.prefilling
+        line = answer.query_one(".answer-wait", Static)
+        assert plain(line) == "prefilling 12 / 51 tokens · 0 s · Esc stops"
+        assert answer.children[-1] is line  # under the tool card and its stats line
+        await answer.feed(PrefillProgress(done=1024, total=2048))
+        assert plain(line).startswith("prefilling 1,024 / 2,048 tokens · ")
+        await wait_until(pilot, lambda: "· 1 s ·" in plain(line), timeout=5)
+
+        await answer.feed(TextChunk(text="It is 4."))
+        assert not answer.prefilling
+        assert not answer.query(".answer-wait")
+        await answer.feed(done())
+        children = [type(child).__name__ for child in answer.children]
+        assert children == ["ToolCallView", "StatsLine", "AnswerMarkdown", "StatsLine"]
+
+
+@pytest.mark.anyio
+async def test_a_later_rounds_prefill_and_its_words_in_one_batch_leave_no_line() -> None:
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        pane, answer = await start(pilot)
+        call = ToolCallChunk(id="call-1", name="calculator", arguments={"expression": "2+2"})
+        result = ToolResult(id="call-1", name="calculator", content="4", ok=True)
+        events = [call, done("tool_calls"), result, PrefillProgress(done=3, total=9)]
+        answer.post_message(AnswerView.Feed([*events, TextChunk(text="4."), done()]))
+        await wait_until(pilot, lambda: len(answer.query(StatsLine)) == 2)
+        await pilot.pause()
+        children = [type(child).__name__ for child in answer.children]
+        assert children == ["ToolCallView", "StatsLine", "AnswerMarkdown", "StatsLine"]
+        assert not answer.prefilling

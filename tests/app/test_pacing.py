@@ -12,7 +12,13 @@ import pytest
 from engine.generate import CancelToken
 from engine.types import ChatRequest, Chunk, DoneChunk, Stats, TextChunk, Usage
 from exo_tui.app.main import ExoTuiApp
-from exo_tui.app.pacing import SCREEN_BUDGET, STREAM_INTERVAL, RedrawPacer, thread_cpu_clock
+from exo_tui.app.pacing import (
+    MAX_WAIT,
+    SCREEN_BUDGET,
+    STREAM_INTERVAL,
+    RedrawPacer,
+    thread_cpu_clock,
+)
 from exo_tui.app.widgets.chat import AnswerView
 from exo_tui.hub.catalogue import entry_card, load_catalogue
 from tests.app.helpers import fixed_stats, wait_until
@@ -24,6 +30,7 @@ class ScriptedBackend:
     """A model whose chunks come when the test lets them: the app's real chat path in front."""
 
     card = entry_card(load_catalogue()[0])
+    concurrency = 1
 
     def __init__(self, chat: Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]) -> None:
         self._chat = chat
@@ -77,6 +84,15 @@ def test_a_costly_redraw_spaces_the_next_batches_out() -> None:
     assert not pacer.due(STREAM_INTERVAL)
     assert not pacer.due(0.040 / SCREEN_BUDGET - 0.01)
     assert pacer.due(0.040 / SCREEN_BUDGET + 0.01)
+
+
+def test_a_screen_busy_with_other_work_holds_the_words_back_no_longer_than_max_wait() -> None:
+    screen = ScreenCpu()
+    pacer = RedrawPacer(screen)
+    pacer.sent(0.0)
+    screen.seconds += MAX_WAIT * SCREEN_BUDGET * 4  # the user typing, say: busy all along
+    assert not pacer.due(MAX_WAIT - 0.01)
+    assert pacer.due(MAX_WAIT)
 
 
 def test_without_a_cpu_clock_the_interval_alone_paces() -> None:

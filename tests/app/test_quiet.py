@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.text import Text
@@ -11,7 +13,8 @@ from textual.widgets import Static
 
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.widgets import quiet
-from tests.app.helpers import fixed_stats
+from exo_tui.cluster.control.state import NodeStats
+from tests.app.helpers import fixed_stats, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -50,3 +53,34 @@ async def test_an_idle_app_animates_nothing(tmp_path: Path) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert [w for w in app.screen.walk_children() if w.auto_refresh] == []
+
+
+async def test_an_idle_app_lays_nothing_out_as_each_seconds_stats_come(models_dir: Path) -> None:
+    # The chat's hint was set again at every cluster event: the whole screen laid out, each
+    # second, at a cost that grows with the chat (and holds back a streamed answer).
+    reads = 0
+    stats = fixed_stats()
+
+    def counted(models: Sequence[str]) -> NodeStats:
+        nonlocal reads
+        reads += 1
+        return stats(models)
+
+    app = ExoTuiApp(model="tiny-llama", models_dirs=[models_dir], node_stats=counted, bundled=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_until(pilot, lambda: app.selection.card is not None and reads >= 3)
+        await pilot.pause()
+        layouts = 0
+        screen = app.screen
+        refresh_layout = screen._refresh_layout  # pyright: ignore[reportPrivateUsage]
+
+        def counting(*args: Any, **kwargs: Any) -> None:
+            nonlocal layouts
+            layouts += 1
+            refresh_layout(*args, **kwargs)
+
+        screen._refresh_layout = counting  # type: ignore[method-assign]
+        settled = reads
+        await wait_until(pilot, lambda: reads >= settled + 3)
+        await pilot.pause()
+        assert layouts == 0

@@ -13,6 +13,7 @@ from textual.await_remove import AwaitRemove
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.css.query import QueryType
+from textual.geometry import Size
 from textual.message import Message
 from textual.widget import AwaitMount, Widget
 from textual.widgets import Collapsible, Markdown, Static
@@ -30,6 +31,7 @@ from engine.types import (
 )
 from engine.types import Message as ChatMessage
 from exo_tui.app.keys import shown
+from exo_tui.app.widgets import quiet
 from exo_tui.app.widgets.sized import SizedByTheLayout
 from exo_tui.app.widgets.tool_card import ToolCallView
 
@@ -193,6 +195,7 @@ class AnswerView(SizedByTheLayout, Widget):
         self._texts: list[list[str]] = []
         self._part: _StreamedPart | None = None
         self._reasoning: Collapsible | None = None
+        self._fold_later = False  # the reasoning stayed open for a user scrolled up
         self._tools: dict[str, ToolCallView] = {}
         self._stored: list[Widget] = self._stored_widgets(messages, stats)
         # A streamed answer says it is waiting (and for how long) until its first chunk. It
@@ -204,6 +207,8 @@ class AnswerView(SizedByTheLayout, Widget):
         self._streamed = not messages
         self._stopping: Static | None = None  # "Stopping…", once the user asked
         self._prefill: PrefillProgress | None = None  # how far the prompt has gone, until words
+        # A later round's prefill (after a tool call), shown as a line under what came before.
+        self._prefill_line: Static | None = None
 
     @classmethod
     def stored(cls, messages: Sequence[tuple[ChatMessage, DoneChunk | None]]) -> AnswerView:
@@ -230,15 +235,31 @@ class AnswerView(SizedByTheLayout, Widget):
     def render(self) -> RenderResult:
         if self.children or not self._streamed:
             return super().render()
+        return Content.styled(self._wait_text(), "dim")
+
+    def _wait_text(self) -> str:
         waited = self.clock() - self.wait_started
         doing = "waiting for the model"
         if self._prefill is not None:
             doing = f"prefilling {self._prefill.done:,} / {self._prefill.total:,} tokens"
-        return Content.styled(f"{doing} · {waited:.0f} s · {shown('app.stop')} stops", "dim")
+        return f"{doing} · {waited:.0f} s · {shown('app.stop')} stops"
 
     def _tick(self) -> None:
         if not self.children:
             self.refresh()  # the same one line: a repaint, not a layout
+        elif self._prefill_line is not None:
+            self._prefill_line.update(self._wait_text())
+
+    async def _show_prefill(self) -> None:
+        """The prefill's progress: the answer's one line until it holds anything, then (a
+        round after a tool call) a line of its own under what came before."""
+        if not self.children:
+            self.refresh()  # the one line: a repaint, not a layout
+        elif self._prefill_line is None:
+            self._prefill_line = Static(self._wait_text(), classes="answer-wait")
+            await self._add(self._prefill_line)
+        else:
+            self._prefill_line.update(self._wait_text())
 
     def stopping(self) -> None:
         """The user asked to stop: say so at once (the model stops at its next step)."""
@@ -251,14 +272,16 @@ class AnswerView(SizedByTheLayout, Widget):
         if self._prefill is not None and not isinstance(chunk, PrefillProgress):
             self._prefill = None  # the first words (or the end) replace the line
             self.post_message(self.Prefilling())
+            line, self._prefill_line = self._prefill_line, None
+            if line is not None:
+                await line.remove()
         match chunk:
             case PrefillProgress():
                 started = self._prefill is None
                 self._prefill = chunk
                 if started:
                     self.post_message(self.Prefilling())
-                if not self.children:
-                    self.refresh()  # the one line: a repaint, not a layout
+                await self._show_prefill()
             case TextChunk(text=text):
                 if text:
                     await self._write("text", text)
@@ -280,6 +303,9 @@ class AnswerView(SizedByTheLayout, Widget):
                 with self.app.batch_update():  # the final text and the stats: one redraw
                     await self._end_part()
                     await self._add(StatsLine(chunk))
+                    if self._fold_later and self._reasoning is not None and self._followed():
+                        self._fold_later, self._reasoning.collapsed = False, True
+                self.wait_started = self.clock()  # a next round (after tool calls) waits anew
 
     async def on_answer_view_feed(self, message: Feed) -> None:
         for event in message.events:
@@ -309,12 +335,21 @@ class AnswerView(SizedByTheLayout, Widget):
                 self._reasoning = ReasoningView(markdown, title="reasoning", collapsed=False)
                 await self._add(self._reasoning)
             else:
+                # Folded once the answer starts, unless the user has scrolled up (reading it,
+                # maybe): the view would lose what it shows, as the content shrank under it.
+                # Then it folds at the answer's end, if the user is back at the end by then.
                 if self._reasoning is not None:
-                    self._reasoning.collapsed = True
+                    self._fold_later = not self._followed()
+                    self._reasoning.collapsed = not self._fold_later
                 await self._add(markdown)
         self._part = _StreamedPart(kind, markdown, text)
         if kind == "text":
             self._texts.append(self._part.pieces)
+
+    def _followed(self) -> bool:
+        """Whether the chat shows the end of the conversation (or this answer is in none)."""
+        pane = next((node for node in self.ancestors if isinstance(node, ChatPane)), None)
+        return pane is None or pane.following
 
     def _add(self, widget: Widget) -> AwaitMount:
         if self._stopping is not None and isinstance(widget, StatsLine):
@@ -389,7 +424,7 @@ class ChatPane(SizedByTheLayout, VerticalScroll):
 
     def set_hint(self, text: str) -> None:
         """What an empty chat says to do; the first entry hides it."""
-        self._hint.update(text)
+        quiet.show(self._hint, text)  # asked at every cluster event: most say the same
         if not self._hint.is_attached:
             self._log.mount(self._hint)
         self._hint.display = not self.entries()
@@ -403,6 +438,14 @@ class ChatPane(SizedByTheLayout, VerticalScroll):
         # check before each append cannot do: streamed Markdown lands later, in a task.
         # Scrolling away releases the anchor; scrolling back to the end restores it.
         self.anchor()
+
+    def _scroll_update(self, virtual_size: Size) -> None:
+        # Content that shrank under a view scrolled up (a part folded, a line taken away)
+        # brings the view to the new end, and Textual takes that for the user scrolling back
+        # (the anchor holds again, and the view follows). The user has not: it stays released.
+        released = self._anchor_released
+        super()._scroll_update(virtual_size)
+        self._anchor_released = released
 
     @property
     def following(self) -> bool:
