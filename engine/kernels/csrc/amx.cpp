@@ -215,16 +215,18 @@ void amx_quantized_gemm(const uint16_t* prepared, int rows, int k, const uint32_
 }
 
 
-std::size_t amx_small_x_size(int k) { return static_cast<std::size_t>(k) / 32 * 512; }
+std::size_t amx_small_x_size(int k, int rows) {
+  return static_cast<std::size_t>(k) / 32 * 32 * rows;
+}
 
 void amx_prepare_small_x(const uint16_t* x, int rows, int k, uint16_t* prepared) {
-  std::memset(prepared, 0, amx_small_x_size(k) * sizeof(uint16_t));
   // Position i of a chunk takes value 4 (i % 8) + i / 8; its pair lands in row i / 2 of the
-  // chunk's tile, in column m.
+  // chunk's tile, in column m. A tile's rows are `rows` pairs wide, packed: x for a whole
+  // product then stays in L1 for the few rows this serves.
   alignas(64) uint16_t order[32];
   alignas(64) int32_t slots[16];
   for (int i = 0; i < 32; ++i) order[i] = static_cast<uint16_t>(4 * (i % 8) + i / 8);
-  for (int kk = 0; kk < 16; ++kk) slots[kk] = kk * 16;
+  for (int kk = 0; kk < 16; ++kk) slots[kk] = kk * rows;
   const __m512i index = _mm512_load_si512(order);
   const __m512i rows_of_tile = _mm512_load_si512(slots);
   for (int m = 0; m < rows; ++m) {
@@ -232,7 +234,7 @@ void amx_prepare_small_x(const uint16_t* x, int rows, int k, uint16_t* prepared)
     const __m512i column = _mm512_add_epi32(rows_of_tile, _mm512_set1_epi32(m));
     for (int c = 0; c < k / 32; ++c) {
       const __m512i values = _mm512_loadu_si512(row + 32 * c);
-      _mm512_i32scatter_epi32(prepared + static_cast<std::size_t>(c) * 512, column,
+      _mm512_i32scatter_epi32(prepared + static_cast<std::size_t>(c) * 32 * rows, column,
                               _mm512_permutexvar_epi16(index, values), 4);
     }
   }
@@ -315,14 +317,14 @@ void small_block(const Unpacker& unpack, const uint16_t* prepared, const float* 
       if (chunk + 2 < chunks) unpack(w, row_bytes, chunk + 2, a[(chunk + 2) & 3]);
       // Even chunks in tiles 2 and 4, odd ones in 3 and 5: a load into the tile the last
       // product still reads would wait for it.
-      const uint16_t* x_chunk = prepared + static_cast<std::size_t>(chunk) * 512;
+      const uint16_t* x_chunk = prepared + static_cast<std::size_t>(chunk) * 32 * rows;
       if (chunk & 1) {
         _tile_loadd(3, a[chunk & 3], 64);
-        _tile_loadd(5, x_chunk, 64);
+        _tile_loadd(5, x_chunk, 4 * rows);
         if constexpr (T == 0) _tile_dpbf16ps(0, 3, 5); else _tile_dpbf16ps(1, 3, 5);
       } else {
         _tile_loadd(2, a[chunk & 3], 64);
-        _tile_loadd(4, x_chunk, 64);
+        _tile_loadd(4, x_chunk, 4 * rows);
         if constexpr (T == 0) _tile_dpbf16ps(0, 2, 4); else _tile_dpbf16ps(1, 2, 4);
       }
     }
@@ -387,7 +389,7 @@ void amx_quantized_gemv(const uint16_t* prepared, const float* xsum_t, int rows,
 #else
 
 void amx_prepare_small_x(const uint16_t*, int, int, uint16_t*) {}
-std::size_t amx_small_x_size(int) { return 0; }
+std::size_t amx_small_x_size(int, int) { return 0; }
 void amx_quantized_gemv(const uint16_t*, const float*, int, int, const uint32_t*, const void*,
                         const void*, int, int, int, int, float*, int) {}
 

@@ -35,10 +35,11 @@ void amx_quantized_gemm(const uint16_t* prepared, int rows, int k, const uint32_
 // One tile of x serves every weight row, and the weights are unpacked per group straight into
 // a small buffer, so a call reads the weights once, as the GEMV does, at any row count up to 16.
 constexpr int AMX_SMALL_MAX_ROWS = 16;
-// x for amx_quantized_gemv: per 32 values of k one 1 KiB tile, row kk holding each x row's pair
-// at positions 2kk, 2kk+1 of the chunk's broadcast order (position i is value 4 (i % 8) + i / 8:
-// the order in which the tiles' unpacking gives a chunk's nibbles). amx_small_x_size(k) values.
-std::size_t amx_small_x_size(int k);
+// x for amx_quantized_gemv: per 32 values of k one tile of 16 rows of `rows` pairs, row kk
+// holding each x row's pair at positions 2kk, 2kk+1 of the chunk's broadcast order (position i
+// is value 4 (i % 8) + i / 8: the order in which the tiles' unpacking gives a chunk's nibbles).
+// amx_small_x_size(k, rows) values.
+std::size_t amx_small_x_size(int k, int rows);
 void amx_prepare_small_x(const uint16_t* x, int rows, int k, uint16_t* prepared);
 // out[m, n] = sum over groups of scale * (q . x) + bias * xsum, for n in [n0, n1), multiples of 32.
 // `xsum_t` holds the sums of x over each group as [group][16] (rows past `rows` zero).

@@ -186,7 +186,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   QuantizedArgs args{prepared, sums, rows, k, n, w, scales, biases, scale_type, group_size, bits,
                      out32, n, x16};
   if (small_tiles) {
-    s.tiles_x.resize(std::max(s.tiles_x.size(), amx_small_x_size(k)));
+    s.tiles_x.resize(std::max(s.tiles_x.size(), amx_small_x_size(k, rows)));
     amx_prepare_small_x(static_cast<const uint16_t*>(x_in), rows, k, s.tiles_x.data());
     float* xsum_t = sized(s.xsum_t, static_cast<std::size_t>(groups) * AMX_SMALL_MAX_ROWS);
     std::fill(xsum_t, xsum_t + static_cast<std::size_t>(groups) * AMX_SMALL_MAX_ROWS, 0.0f);
