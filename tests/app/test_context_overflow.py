@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
 
+from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.widgets.chat import AnswerView, ErrorLine, StatsLine, UserMessage
 from exo_tui.app.widgets.prompt import PromptInput
 from tests.app.helpers import wait_until
@@ -15,6 +17,15 @@ from tests.app.test_app import SIZE, launch, make_app
 pytestmark = pytest.mark.anyio
 
 TOO_LONG = "Tell me about the sea and the ships that sail on it. " * 400
+
+
+async def send_too_long(app: ExoTuiApp, pilot: Pilot[None]) -> str:
+    """Send TOO_LONG; the error the answer shows, once the turn has ended."""
+    app.query_one(PromptInput).text = TOO_LONG
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: bool(app.query(ErrorLine)), timeout=30)
+    await wait_until(pilot, lambda: not app.conversation.generating)
+    return app.query_one(ErrorLine).message
 
 
 async def test_a_prompt_longer_than_the_context_says_so_and_the_chat_goes_on(
@@ -30,13 +41,9 @@ async def test_a_prompt_longer_than_the_context_says_so_and_the_chat_goes_on(
         await wait_until(pilot, lambda: not app.conversation.generating)
         before = list(app.conversation.messages)
 
-        prompt.text = TOO_LONG
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: bool(app.query(ErrorLine)), timeout=30)
-        error = app.query_one(ErrorLine).message
+        error = await send_too_long(app, pilot)
         assert "holds at most 2048" in error and "tokens" in error, error
         assert "Shorten the message or start a new chat" in error
-        await wait_until(pilot, lambda: not app.conversation.generating)
         answer = app.query(AnswerView).last()
         assert "waiting for the model" not in str(answer.render())
         assert prompt.text == TOO_LONG.strip()  # kept, to shorten
@@ -61,10 +68,7 @@ async def test_a_new_chat_whose_first_message_is_too_long_starts_with_the_next(
     async with app.run_test(size=SIZE) as pilot:
         await launch(app, pilot)
         prompt = app.query_one(PromptInput)
-        prompt.text = TOO_LONG
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: bool(app.query(ErrorLine)), timeout=30)
-        await wait_until(pilot, lambda: not app.conversation.generating)
+        await send_too_long(app, pilot)
         assert [m.role for m in app.conversation.messages] == ["system"]
 
         prompt.text = "Hi"

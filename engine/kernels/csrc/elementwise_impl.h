@@ -21,13 +21,9 @@ inline float lane_sum(vf v) {
 
 inline vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
-// e^x for x <= 0 (scores less their maximum): 2^n e^r with |r| <= ln 2 / 2 and a degree-7
-// Taylor polynomial for e^r (within an ulp or two of expf). Below -87 (a masked key's -inf
-// included) it is exactly 0, as expf's result rounds to there.
-inline vf exp_nonpositive(vf x) {
-  const vi dead = x < -87.0f;
-  x = select(dead, vf{} - 87.0f, x);
-  const vi n = __builtin_convertvector(x * 1.44269504f - 0.5f, vi);  // round to nearest, x <= 0
+// 2^n e^r for x in [-87, 88] and n = round(x / ln 2): r = x - n ln 2 in two parts (Cody and
+// Waite), |r| <= ln 2 / 2, and a degree-7 Taylor polynomial for e^r.
+inline vf exp_reduced(vf x, vi n) {
   const vf nf = __builtin_convertvector(n, vf);
   const vf r = (x - nf * 0.693145752f) - nf * 1.42860677e-6f;
   vf p = vf{} + (1.0f / 5040.0f);
@@ -38,12 +34,18 @@ inline vf exp_nonpositive(vf x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const vf scale = (vf)((n + 127) << 23);
-  return select(dead, vf{}, p * scale);
+  return p * (vf)((n + 127) << 23);
 }
 
-// silu(gate) * x as MLX's bf16 and fp16 ops compute it: sigmoid in fp32, then the sigmoid, the
-// product with gate and the product with x each rounded to the type.
+// e^x for x <= 0 (scores less their maximum), within an ulp or two of expf. Below -87 (a
+// masked key's -inf included) it is exactly 0, as expf's result rounds to there.
+inline vf exp_nonpositive(vf x) {
+  const vi dead = x < -87.0f;
+  x = select(dead, vf{} - 87.0f, x);
+  const vi n = __builtin_convertvector(x * 1.44269504f - 0.5f, vi);  // round to nearest, x <= 0
+  return select(dead, vf{}, exp_reduced(x, n));
+}
+
 // fp32 lanes rounded to bf16 (to nearest even; NaN stays NaN) or fp16, and back to fp32.
 template <typename H>
 inline vf round_to(vf v) {
@@ -63,24 +65,13 @@ inline vf round_to(vf v) {
   }
 }
 
-// e^x for any x: 2^n e^r as in exp_nonpositive, infinite past the largest float.
+// e^x for any x, infinite past the largest float.
 inline vf exp_any(vf x) {
   const vi dead = x < -87.0f, huge = x > 88.7f;
   x = select(dead, vf{} - 87.0f, select(huge, vf{} + 88.0f, x));
   const vf half = select(x < 0.0f, vf{} - 0.5f, vf{} + 0.5f);
   const vi n = __builtin_convertvector(x * 1.44269504f + half, vi);  // round to nearest
-  const vf nf = __builtin_convertvector(n, vf);
-  const vf r = (x - nf * 0.693145752f) - nf * 1.42860677e-6f;
-  vf p = vf{} + (1.0f / 5040.0f);
-  p = p * r + (1.0f / 720.0f);
-  p = p * r + (1.0f / 120.0f);
-  p = p * r + (1.0f / 24.0f);
-  p = p * r + (1.0f / 6.0f);
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const vf value = p * (vf)((n + 127) << 23);
-  return select(dead, vf{}, select(huge, vf{} + INFINITY, value));
+  return select(dead, vf{}, select(huge, vf{} + INFINITY, exp_reduced(x, n)));
 }
 
 // MLX's sigmoid of a 16-bit x rounds e^-x to the type before 1 / (1 + e^-x) (this matched
