@@ -181,12 +181,6 @@ def _mlx_is_faster(query_count: int, key_count: int) -> bool:
     return query_count * key_count < MIN_SCORES_PER_HEAD
 
 
-def _one_float_type(*arrays: mx.array) -> bool:
-    return arrays[0].dtype in kernels.FLOAT_TYPES and all(
-        a.dtype == arrays[0].dtype for a in arrays
-    )
-
-
 def _routed(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
     @functools.wraps(original)
     def scaled_dot_product_attention(
@@ -200,7 +194,11 @@ def _routed(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
     ) -> mx.array:
         if sinks is not None or hasattr(cache, "bits") or not enabled():
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        if queries.shape[2] == 1 and kernels.available() and _one_float_type(queries, keys, values):
+        if (
+            queries.shape[2] == 1
+            and kernels.available()
+            and kernels.one_float_type(queries, keys, values)
+        ):
             # One query sees every key: "causal" asks nothing more of it.
             array_mask = mask if isinstance(mask, mx.array) else None
             return kernels.decode_attention(queries, keys, values, scale, array_mask)

@@ -88,6 +88,11 @@ def warn_once(message: str) -> None:
     log.warning(message)
 
 
+def one_float_type(*arrays: mx.array) -> bool:
+    """Whether the arrays share one float type the elementwise kernels take."""
+    return arrays[0].dtype in FLOAT_TYPES and all(a.dtype == arrays[0].dtype for a in arrays)
+
+
 def covers_quantized(bits: int, group_size: int, mode: str, has_biases: bool) -> bool:
     return mode == "affine" and has_biases and bits in QUANTIZED_BITS and group_size in GROUP_SIZES
 

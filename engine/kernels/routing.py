@@ -67,7 +67,7 @@ def _half_as_linear(self: Any, x: mx.array) -> mx.array:
 
 def _rms_norm(self: Any, x: mx.array) -> mx.array:
     weight = self["weight"]
-    if x.dtype != weight.dtype or x.dtype not in kernels.FLOAT_TYPES:
+    if not kernels.one_float_type(x, weight):
         return mx.fast.rms_norm(x, weight, self.eps)
     return kernels.rms_norm(x, weight, self.eps)
 
@@ -89,7 +89,7 @@ _HALF_FORWARD = {
 def _routed_swiglu(original: Any) -> Any:
     @functools.wraps(original)
     def swiglu(gate: mx.array, x: mx.array) -> mx.array:
-        if gate.shape != x.shape or gate.dtype != x.dtype or x.dtype not in kernels.FLOAT_TYPES:
+        if gate.shape != x.shape or not kernels.one_float_type(gate, x):
             return original(gate, x)
         return kernels.silu_mul(gate, x)
 
@@ -125,7 +125,9 @@ def logsumexp(
     if kwargs or a.ndim == 0 or not last or a.dtype not in kernels.FLOAT_TYPES or not enabled():
         return mx.logsumexp(a, axis=axis, keepdims=keepdims, **kwargs)
     out = kernels.logsumexp_last(a)
-    return out if keepdims else out.squeeze(-1)
+    if keepdims:
+        return out
+    return out.reshape(()) if axis is None else out.squeeze(-1)  # None: every axis reduced
 
 
 class _MlxForGenerate:

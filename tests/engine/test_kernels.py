@@ -398,6 +398,13 @@ def test_mlx_lms_sampling_normaliser_runs_on_the_kernel(kernel_models: dict[str,
     assert generate.mx.logsumexp is routing.logsumexp
     assert mx.allclose(generate.mx.logsumexp(logits, axis=-1), mx.logsumexp(logits, axis=-1))
     assert mx.allclose(routing.logsumexp(logits, axis=0), mx.logsumexp(logits, axis=0))
+    row = logits[:1]
+    for keepdims in (False, True):  # no axis: every axis, as MLX's; its shape too
+        ours, theirs = (
+            routing.logsumexp(row, keepdims=keepdims),
+            mx.logsumexp(row, keepdims=keepdims),
+        )
+        assert ours.shape == theirs.shape and mx.allclose(ours, theirs)
     routing.uninstall(loaded.model)
     try:
         assert generate.mx is mx
