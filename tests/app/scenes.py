@@ -103,6 +103,15 @@ def _placed(app: ExoTuiApp) -> tuple[str, str, int]:
     return app.local_id, app.selection.card.name, app.selection.card.num_layers
 
 
+async def _loaded_chat(app: ExoTuiApp, pilot: Pilot[None]) -> ChatPane:
+    """The model chosen, placed and loaded: its chat pane."""
+    await _model_chosen(app, pilot)
+    node, model, total = _placed(app)
+    app.dispatch(LoadStarted(node_id=node, model=model, total=total))
+    app.dispatch(LoadFinished(node_id=node, model=model, total=total))
+    return app.query_one(ChatPane)
+
+
 async def loading(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     await _model_chosen(app, pilot)
     node, model, total = _placed(app)
@@ -112,11 +121,7 @@ async def loading(app: ExoTuiApp, pilot: Pilot[None]) -> None:
 
 
 async def chatting(app: ExoTuiApp, pilot: Pilot[None]) -> None:
-    await _model_chosen(app, pilot)
-    node, model, total = _placed(app)
-    app.dispatch(LoadStarted(node_id=node, model=model, total=total))
-    app.dispatch(LoadFinished(node_id=node, model=model, total=total))
-    pane = app.query_one(ChatPane)
+    pane = await _loaded_chat(app, pilot)
     await pane.add_user("what is 12 times 34?")
     answer = await pane.start_answer()
     await answer.feed(
@@ -137,11 +142,7 @@ async def chatting(app: ExoTuiApp, pilot: Pilot[None]) -> None:
 
 async def prefilling(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     """A slow model's prompt going through in steps (engine.prefill), the first words not yet."""
-    await _model_chosen(app, pilot)
-    node, model, total = _placed(app)
-    app.dispatch(LoadStarted(node_id=node, model=model, total=total))
-    app.dispatch(LoadFinished(node_id=node, model=model, total=total))
-    pane = app.query_one(ChatPane)
+    pane = await _loaded_chat(app, pilot)
     await pane.add_user("Summarise this chapter: " + "the sea, the ships and the ring. " * 6)
     answer = await pane.start_answer()
     answer.clock = lambda: answer.wait_started + 42  # the seconds shown, whatever the machine
@@ -153,11 +154,7 @@ async def prefilling(app: ExoTuiApp, pilot: Pilot[None]) -> None:
 
 async def tool_prefilling(app: ExoTuiApp, pilot: Pilot[None]) -> None:
     """The round after a tool call: the model prefills the tool's result, a line under it."""
-    await _model_chosen(app, pilot)
-    node, model, total = _placed(app)
-    app.dispatch(LoadStarted(node_id=node, model=model, total=total))
-    app.dispatch(LoadFinished(node_id=node, model=model, total=total))
-    pane = app.query_one(ChatPane)
+    pane = await _loaded_chat(app, pilot)
     await pane.add_user("how much memory does my cluster have?")
     answer = await pane.start_answer()
     answer.clock = lambda: answer.wait_started + 7  # the seconds shown, whatever the machine
