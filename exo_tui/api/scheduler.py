@@ -233,13 +233,7 @@ class Scheduler:
         try:
             iterator = job.backend.generate(job.request, job)
             try:
-                for index, chunk in enumerate(iterator):
-                    if index == 0 and isinstance(chunk, ErrorChunk) and chunk.refused:
-                        # A cluster's ranks refused it (their EngineError came as chunks): a
-                        # 400, as a refusal in this process is.
-                        job.outcome, job.detail = "error", chunk.message
-                        put(Failed(message=chunk.message, refused=True))
-                        break
+                for chunk in iterator:
                     # Neither API has a word for a prefill's progress: a client waits for
                     # its first token, as from any server.
                     if not isinstance(chunk, PrefillProgress):

@@ -37,7 +37,7 @@ def failure(error: Exception) -> ErrorChunk:
 
 
 def failed_at_once(added: list[Message], dones: list[DoneChunk]) -> bool:
-    """Whether a turn that ran ended in an error before any answer (a cluster's refusal comes
-    as chunks, not raised): the same as one that raised."""
+    """Whether a turn that ran ended in an error before any answer (a ring that failed before
+    its first token says so in chunks, not raised): the same as one that raised."""
     empty = len(added) == 1 and not (added[0].content or added[0].reasoning or added[0].tool_calls)
     return empty and len(dones) == 1 and dones[0].finish_reason == "error"

@@ -9,6 +9,7 @@ caller's thread.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -19,10 +20,32 @@ from engine.batching import DEFAULT_BATCH, BatchEngine, batchable
 from engine.errors import EngineError
 from engine.generate import CancelToken, generate, prefill_next_turn
 from engine.loading import LoadedModel
-from engine.types import ChatRequest, Chunk, ModelCard
+from engine.types import ChatRequest, Chunk, ErrorChunk, ModelCard
 
 # A generation of engine chunks: engine.generate over a loaded model, or a ring's chat.
 GenerateFn = Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]
+
+
+# How long a caller that stops reading a cluster's answer waits for its ranks to finish it.
+LEAVE_WAIT_S = 30.0
+
+
+class RanksRefused(EngineError):
+    """A request the ranks refused: their EngineError, which came back as chunks."""
+
+    def __init__(self, message: str) -> None:
+        Exception.__init__(self, message)
+        self.cause, self.fix = message, ""
+
+
+class Either:
+    """Set when either token is."""
+
+    def __init__(self, first: CancelToken | None, second: CancelToken) -> None:
+        self._tokens = (first, second) if first is not None else (second,)
+
+    def is_set(self) -> bool:
+        return any(token.is_set() for token in self._tokens)
 
 
 class Backend(Protocol):
@@ -146,19 +169,31 @@ class ClusterBackend:
         return 1
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
-        """From any thread but the loop's."""
+        """From any thread but the loop's. The ranks' refusal (their EngineError, which comes
+        as chunks) is raised here, as a refusal in this process is."""
         chunks: queue.Queue[Chunk | None] = queue.Queue()
+        left = threading.Event()  # the caller stopped reading: the ranks stop too
 
         async def pump() -> None:
             try:
-                async for chunk in self.coordinator.chat(request, cancel):
+                async for chunk in self.coordinator.chat(request, Either(cancel, left)):
                     chunks.put(chunk)
             finally:
                 chunks.put(None)
 
         pumping = asyncio.run_coroutine_threadsafe(pump(), self._loop)
-        while (chunk := chunks.get()) is not None:
-            yield chunk
+        try:
+            first = True
+            while (chunk := chunks.get()) is not None:
+                if first and isinstance(chunk, ErrorChunk) and chunk.refused:
+                    raise RanksRefused(chunk.message)
+                first = False
+                yield chunk
+        finally:
+            # A caller that leaves early waits for the ranks to finish this request: the
+            # next one must not start while this one's frames still come.
+            left.set()
+            concurrent.futures.wait([pumping], timeout=LEAVE_WAIT_S)
         error = None if pumping.cancelled() else pumping.exception()
         if isinstance(error, EngineError):
             yield from failure_chunks(str(error), refused=True)

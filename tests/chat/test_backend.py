@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.answer import failure_chunks
+from engine.errors import EngineError
 from engine.generate import CancelToken, generate, next_turn_prefix
 from engine.loading import load_model_sync
 from engine.prefill import PrefillPace
@@ -82,6 +84,41 @@ def test_unload_stops_the_instance(loop: asyncio.AbstractEventLoop) -> None:
     ClusterBackend(coordinator, entry_card(load_catalogue()[0]), loop).unload()
     asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), loop).result(5)
     assert coordinator.stopped
+
+
+class RanksRefuse:
+    """A coordinator whose ranks refuse the request (their EngineError comes as chunks) and
+    take a moment to say they are done, as a real one's do."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.cancelled = False
+
+    async def chat(
+        self, request: ChatRequest, cancel: CancelToken | None = None
+    ) -> AsyncIterator[Chunk]:
+        for chunk in failure_chunks("Prompt is 6000 tokens; the context is 2048", refused=True):
+            yield chunk
+        while cancel is not None and not cancel.is_set():
+            await asyncio.sleep(0.01)
+        self.cancelled = True
+        await asyncio.sleep(0.2)  # the ranks' ChatFinished is on its way
+        self.finished = True
+
+    async def stop(self) -> None:
+        pass
+
+
+def test_a_refusal_by_the_ranks_raises_after_they_finish(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Raised as in one process (the API gives 400), and only once the ranks are done with it:
+    the next request must not meet this one's frames."""
+    coordinator = RanksRefuse()
+    backend = ClusterBackend(coordinator, entry_card(load_catalogue()[0]), loop)
+    with pytest.raises(EngineError, match="context is 2048"):
+        list(backend.generate(REQUEST, None))
+    assert coordinator.cancelled and coordinator.finished
 
 
 def test_a_prefill_asked_for_before_a_turn_is_stopped_with_it(tiny_llama: Path) -> None:
