@@ -96,10 +96,13 @@ def validate(request: ChatRequest) -> None:
 
 
 def render_prompt(loaded: LoadedModel, request: ChatRequest) -> list[int]:
-    """The prompt token ids: the model's own chat template with the tools, ending in its turn."""
+    """The prompt token ids: the model's own chat template with the tools, ending in its turn
+    (a raw request's text as it stands)."""
+    tokenizer: Any = loaded.tokenizer
+    if request.raw:
+        return list(tokenizer.encode("".join(m.content for m in request.messages)))
     if is_harmony(loaded):
         return render_gpt_oss_prompt(request.messages, request.tools)
-    tokenizer: Any = loaded.tokenizer
     messages = [message_dict(m) for m in request.messages]
     if getattr(tokenizer, "chat_template", None) is None:
         text = "\n".join(m.content for m in request.messages)

@@ -136,6 +136,9 @@ class ChatRequest(Frozen):
     enable_thinking: bool | None = None
     # The answer ends before the first of these strings (which is not shown).
     stop: tuple[str, ...] = ()
+    # The messages' text is the prompt as it stands, already in the model's format: no chat
+    # template (Ollama's `raw`).
+    raw: bool = False
 
 
 # Chunks: what generation yields, one discriminated union.

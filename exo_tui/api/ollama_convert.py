@@ -37,14 +37,29 @@ UNSPECIFIED_MAX_TOKENS = 4096  # no num_predict and no known context: the engine
 
 
 def chat_request(body: ChatIn, card: ModelCard) -> ChatRequest:
+    _refuse_format(body.format)
     tools = tuple(t.spec() for t in body.tools or ())
     return _sampled(messages(body.messages), tools, body.options, body.think, card)
 
 
 def generate_request(body: GenerateIn, card: ModelCard) -> ChatRequest:
+    _refuse_format(body.format)
     prompt = (Message(role="user", content=body.prompt),)
+    if body.raw:  # as Ollama: no template, so no system prompt either
+        return _sampled(prompt, (), body.options, body.think, card).model_copy(update={"raw": True})
     system = (Message(role="system", content=body.system),) if body.system else ()
     return _sampled(system + prompt, (), body.options, body.think, card)
+
+
+def _refuse_format(format: object) -> None:
+    # Output held to JSON needs decoding constrained by a grammar, which the engine has not:
+    # a free-text answer where JSON was asked for would break the client later, and worse.
+    if format:
+        raise bad_request(
+            "format (JSON output) is not supported: this server's answers are free text. "
+            "Leave out format and ask for JSON in the prompt",
+            "format",
+        )
 
 
 def _sampled(

@@ -39,6 +39,10 @@ class MessageIn(WireRequest):
     tool_name: str | None = None
 
 
+# Structured output: "json" or a JSON schema ("" is what clients send for none).
+OutputFormat = Literal["", "json"] | dict[str, Any] | None
+
+
 class ChatIn(WireRequest):
     model: str
     messages: list[MessageIn] = Field(default_factory=list[MessageIn])
@@ -46,6 +50,7 @@ class ChatIn(WireRequest):
     stream: StrictBool = True
     options: Options | None = None
     think: StrictBool | None = None
+    format: OutputFormat = None
 
 
 class GenerateIn(WireRequest):
@@ -55,6 +60,8 @@ class GenerateIn(WireRequest):
     stream: StrictBool = True
     options: Options | None = None
     think: StrictBool | None = None
+    format: OutputFormat = None
+    raw: StrictBool = False  # the prompt is already in the model's format: no template
 
 
 class ShowIn(WireRequest):

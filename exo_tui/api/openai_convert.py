@@ -40,6 +40,14 @@ UNSPECIFIED_MAX_TOKENS = 4096  # no max_tokens and no known context: the engine 
 
 
 def chat_request(body: ChatCompletionRequest, card: ModelCard) -> ChatRequest:
+    if body.response_format is not None and body.response_format.type != "text":
+        # JSON output needs decoding constrained by a grammar, which the engine has not.
+        raise bad_request(
+            f"response_format {body.response_format.type} is not supported: this server's "
+            "answers are free text. Leave it out (or send type text) and ask for JSON in the "
+            "prompt",
+            "response_format",
+        )
     limit = body.max_completion_tokens or body.max_tokens
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return ChatRequest(

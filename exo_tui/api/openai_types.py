@@ -51,6 +51,10 @@ class StreamOptions(WireRequest):
     include_usage: StrictBool = False
 
 
+class ResponseFormat(WireRequest):
+    type: Literal["text", "json_object", "json_schema"]
+
+
 class ChatCompletionRequest(WireRequest):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
@@ -65,6 +69,7 @@ class ChatCompletionRequest(WireRequest):
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)  # one choice per request
+    response_format: ResponseFormat | None = None
     # As mlx-lm's and vLLM's servers take it: {"enable_thinking": false} for Qwen3 and the like.
     chat_template_kwargs: dict[str, Any] | None = None
 

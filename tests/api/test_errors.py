@@ -75,6 +75,8 @@ def test_no_model_loaded_is_503(serve: Serve) -> None:
         (b'{"model": "demo", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
          "text only"),
         (b'{"model": "demo", "messages": [{"role": "user", "content": "  "}]}', "empty"),
+        (b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}],'
+         b' "response_format": {"type": "json_object"}}', "response_format json_object is not"),
     ],
 )  # fmt: skip
 def test_bad_bodies_are_400(
@@ -100,6 +102,8 @@ def test_bad_bodies_are_400(
          b' "options": {"num_predict": 0}}', "num_predict"),
         (b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}',
          "stream"),
+        (b'{"model": "demo", "messages": [{"role": "user", "content": "hi"}], "format": "json"}',
+         "format (JSON output) is not supported"),
     ],
 )  # fmt: skip
 def test_bad_ollama_bodies_are_400(

@@ -68,3 +68,26 @@ def test_generate_list_show_version(serve: Serve, demo_backend: LocalBackend) ->
     assert "".join(p.response or "" for p in parts).strip() and parts[-1].done
     whole = api.generate(model="demo", prompt="hello", system="Be brief.", options=OPTIONS)
     assert (whole.response or "").strip() and whole.done and (whole.eval_count or 0) > 0
+
+
+def test_generate_raw_takes_the_prompt_as_it_stands(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    """`raw`: no template. The templated prompt sent raw gives the templated answer; the bare
+    words sent raw are another prompt, with fewer tokens."""
+    from engine.generate import render_prompt
+    from engine.types import ChatRequest, Message
+
+    api = ollama.Client(host=serve(demo_backend).url)
+    loaded = demo_backend.loaded
+    templated = render_prompt(
+        loaded, ChatRequest(messages=(Message(role="user", content="hello"),))
+    )
+    text = loaded.tokenizer.decode(templated)
+    cooked = api.generate(model="demo", prompt="hello", options=OPTIONS)
+    as_sent = api.generate(model="demo", prompt=text, raw=True, options=OPTIONS)
+    assert as_sent.response == cooked.response
+    assert as_sent.prompt_eval_count == cooked.prompt_eval_count == len(templated)
+    bare = api.generate(model="demo", prompt="hello", raw=True, options=OPTIONS)
+    assert (bare.prompt_eval_count or 0) < len(templated)
+    api.generate(model="demo", prompt="hello", format="", options=OPTIONS)  # "" asks for nothing
