@@ -74,12 +74,14 @@ inline vf exp_any(vf x) {
   return select(dead, vf{}, select(huge, vf{} + INFINITY, exp_reduced(x, n)));
 }
 
-// MLX's sigmoid of a 16-bit x rounds e^-x to the type before 1 / (1 + e^-x) (this matched
-// mx.sigmoid most often of the orders tried); its silu then rounds the sigmoid, and the
-// products with gate and with x.
+// MLX's sigmoid: y = 1 / (1 + e^|x|), with e^|x| rounded to the type and the rest in fp32,
+// then y for x < 0 and 1 - y otherwise, rounded (checked against mx.sigmoid over every fp16
+// and bf16 value); its silu then rounds the products with gate and with x.
 template <typename H>
 inline vf silu_times(vf g, vf x) {
-  const vf sigmoid = round_to<H>(1.0f / (1.0f + round_to<H>(exp_any(vf{} - g))));
+  const vf magnitude = (vf)((vu)g & 0x7fffffffu);
+  const vf y = 1.0f / (1.0f + round_to<H>(exp_any(magnitude)));
+  const vf sigmoid = round_to<H>(select((vi)(g < vf{}), y, 1.0f - y));
   return round_to<H>(round_to<H>(g * sigmoid) * x);
 }
 

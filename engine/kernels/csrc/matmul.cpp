@@ -128,14 +128,92 @@ void prepare_nibble_x(const uint16_t* x, int rows, int k, uint16_t* prepared) {
       for (int i = 0; i < 32; ++i) prepared[base + 32 * j + i] = x[base + 4 * i + j];
 }
 
+namespace {
+
+// One weight: its packed rows, scales, biases, row count and output.
+struct QuantizedWeights {
+  const uint32_t* w;
+  const void* scales;
+  const void* biases;
+  int n;
+  void* out;  // [M, n] in the output's type
+};
+
+// x as the GEMV reads it: in fp32 and in the weights' nibble order, or in bf16 for the dot
+// products in hardware; and each group's sum of x.
+struct GemvX {
+  const float* x;         // fp32, as it came
+  const float* prepared;  // fp32, each 4-bit chunk's even values then its odd ones
+  const uint16_t* x16;    // bf16 in nibble order (nullptr: the fp32 path)
+  const float* sums;      // [rows, groups]
+};
+
+// `layout`: whether any row of the weights runs as a GEMV (the tiles take x as it came).
+GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int rows, int k,
+                int group_size, int bits, bool nibble_dot, bool layout) {
+  const std::size_t x_count = static_cast<std::size_t>(rows) * k;
+  GemvX out{as_f32(isa, x_in, x_type, x_count, s.x), nullptr, nullptr, nullptr};
+  out.prepared = out.x;
+  // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
+  // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
+  // order, so the dot products are unchanged.
+  if (nibble_dot && layout) {
+    s.nibble_x.resize(std::max(s.nibble_x.size(), x_count));
+    prepare_nibble_x(static_cast<const uint16_t*>(x_in), rows, k, s.nibble_x.data());
+    out.x16 = s.nibble_x.data();
+  } else if (bits == 4 && layout) {
+    float* p = sized(s.prepared, x_count);
+    const int chunk = 2 * isa.lanes, half = isa.lanes;
+    for (std::size_t base = 0; base < x_count; base += chunk)
+      for (int i = 0; i < half; ++i) {
+        p[base + i] = out.x[base + 2 * i];
+        p[base + half + i] = out.x[base + 2 * i + 1];
+      }
+    out.prepared = p;
+  }
+  const int groups = k / group_size;
+  float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
+  for (int m = 0; m < rows; ++m)
+    for (int g = 0; g < groups; ++g) {
+      // 16 partial sums: one chain of additions would wait on each add in turn.
+      float lanes[16] = {};
+      const float* v = out.x + static_cast<std::size_t>(m) * k + static_cast<std::size_t>(g) * group_size;
+      for (int i = 0; i < group_size; i += 16)
+        for (int l = 0; l < 16; ++l) lanes[l] += v[i + l];
+      float total = 0.0f;
+      for (float lane : lanes) total += lane;
+      sums[m * groups + g] = total;
+    }
+  out.sums = sums;
+  return out;
+}
+
+// bf16 x by 4-bit weights with bf16 scales, few rows: dot products in hardware on x as it came.
+bool takes_nibble_dot(const Isa& isa, Scalar x_type, int bits, Scalar scale_type, int k,
+                      int group_size) {
+  return isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && scale_type == Scalar::bf16 &&
+         k % 128 == 0 && group_size <= 128;
+}
+
+// Every path's end: the outputs that are not finite the way MLX computes them, then the
+// output's own type.
+void finish(const float* x, int rows, int k, const QuantizedWeights& weights, Scalar scale_type,
+            int group_size, int bits, float* out32, void* out, Scalar out_type) {
+  redo_non_finite(x, rows, k, weights.w, weights.scales, weights.biases, scale_type, weights.n,
+                  group_size, bits, out32);
+  if (out_type != Scalar::f32)
+    best_isa().from_f32(out32, out_type, static_cast<std::size_t>(rows) * weights.n, out);
+}
+
+}  // namespace
+
 void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, const uint32_t* w,
                       const void* scales, const void* biases, Scalar scale_type, int n,
                       int group_size, int bits, void* out, Scalar out_type) {
   const Isa& isa = best_isa();
   Scratch& s = scratch();
-  const std::size_t x_count = static_cast<std::size_t>(rows) * k;
-  const float* x = as_f32(isa, x_in, x_type, x_count, s.x);
   const int groups = k / group_size;
+  const QuantizedWeights weights{w, scales, biases, n, out};
   // Many rows of bf16 x by 4-bit weights on AMX tiles, 32 weight rows at a time (fewer rows of
   // x than amx_min_rows run faster as GEMVs).
   const bool amx = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && amx_enabled &&
@@ -145,53 +223,21 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
                            group_size >= 32 && group_size % 32 == 0;
   const bool tiles = amx && !small_tiles && group_size % 64 == 0 && rows >= amx_min_rows;
   const int tiled = tiles || small_tiles ? n - n % 32 : 0;
-  // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
-  // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
-  // order, so the dot products are unchanged. Only the rows the tiles leave need it.
-  // bf16 x by 4-bit weights with bf16 scales, few rows: dot products in hardware on x as it came.
-  const bool nibble_dot = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 &&
-                          scale_type == Scalar::bf16 && k % 128 == 0 && group_size <= 128 &&
+  // Only the rows the tiles leave need x in the GEMV's order.
+  const bool nibble_dot = takes_nibble_dot(isa, x_type, bits, scale_type, k, group_size) &&
                           (tiles || rows <= gemv_max_rows);
-  const uint16_t* x16 = nullptr;
-  if (nibble_dot && tiled < n) {
-    s.nibble_x.resize(std::max(s.nibble_x.size(), x_count));
-    prepare_nibble_x(static_cast<const uint16_t*>(x_in), rows, k, s.nibble_x.data());
-    x16 = s.nibble_x.data();
-  }
-  const float* prepared = x;
-  if (bits == 4 && tiled < n && x16 == nullptr) {
-    float* p = sized(s.prepared, x_count);
-    const int chunk = 2 * isa.lanes, half = isa.lanes;
-    for (std::size_t base = 0; base < x_count; base += chunk)
-      for (int i = 0; i < half; ++i) {
-        p[base + i] = x[base + 2 * i];
-        p[base + half + i] = x[base + 2 * i + 1];
-      }
-    prepared = p;
-  }
-  float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
-  for (int m = 0; m < rows; ++m)
-    for (int g = 0; g < groups; ++g) {
-      // 16 partial sums: one chain of additions would wait on each add in turn.
-      float lanes[16] = {};
-      const float* v = x + static_cast<std::size_t>(m) * k + static_cast<std::size_t>(g) * group_size;
-      for (int i = 0; i < group_size; i += 16)
-        for (int l = 0; l < 16; ++l) lanes[l] += v[i + l];
-      float total = 0.0f;
-      for (float lane : lanes) total += lane;
-      sums[m * groups + g] = total;
-    }
+  const GemvX px = prepare_x(isa, s, x_in, x_type, rows, k, group_size, bits, nibble_dot, tiled < n);
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
-  QuantizedArgs args{prepared, sums, rows, k, n, w, scales, biases, scale_type, group_size, bits,
-                     out32, n, x16};
+  QuantizedArgs args{px.prepared, px.sums, rows, k, n, w, scales, biases, scale_type, group_size,
+                     bits, out32, n, px.x16};
   if (small_tiles) {
     s.tiles_x.resize(std::max(s.tiles_x.size(), amx_small_x_size(k, rows)));
     amx_prepare_small_x(static_cast<const uint16_t*>(x_in), rows, k, s.tiles_x.data());
     float* xsum_t = sized(s.xsum_t, static_cast<std::size_t>(groups) * AMX_SMALL_MAX_ROWS);
     std::fill(xsum_t, xsum_t + static_cast<std::size_t>(groups) * AMX_SMALL_MAX_ROWS, 0.0f);
     for (int m = 0; m < rows; ++m)
-      for (int g = 0; g < groups; ++g) xsum_t[g * AMX_SMALL_MAX_ROWS + m] = sums[m * groups + g];
+      for (int g = 0; g < groups; ++g) xsum_t[g * AMX_SMALL_MAX_ROWS + m] = px.sums[m * groups + g];
     const int blocks = tiled / 32;
     const int parts = std::max(1, std::min(thread_count(), blocks));
     parallel_for(parts, [&](int part) {
@@ -201,11 +247,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
                            static_cast<int>(scale_type), group_size, b0 * 32, b1 * 32, out32, n);
     });
     if (tiled < n) isa.quantized_gemv(args, tiled, n);
-    redo_non_finite(x, rows, k, w, scales, biases, scale_type, n, group_size, bits, out32);
-    if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
-    return;
-  }
-  if (tiles) {
+  } else if (tiles) {
     // x in bf16 as it came, in the nibbles' order; the rest of the rows, and the biases' term,
     // elsewhere.
     const int pairs = tiled / 32;
@@ -222,22 +264,17 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
     // out[m, n] += sum over groups of xsum[m, g] * bias[n, g]: a small product through BLAS.
     float* bias32 = sized(s.bias, static_cast<std::size_t>(tiled) * groups);
     isa.to_f32(biases, scale_type, static_cast<std::size_t>(tiled) * groups, bias32);
-    cblas_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, tiled, groups, 1.0f, sums,
+    cblas_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, tiled, groups, 1.0f, px.sums,
                 groups, bias32, groups, 1.0f, out32, n);
     if (tiled < n) isa.quantized_gemv(args, tiled, n);
-    redo_non_finite(x, rows, k, w, scales, biases, scale_type, n, group_size, bits, out32);
-    if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
-    return;
-  }
-  if (rows <= gemv_max_rows) {
+  } else if (rows <= gemv_max_rows) {
     gemv_parallel(n, [&](int n0, int n1) { isa.quantized_gemv(args, n0, n1); });
   } else {
-    tiled_gemm(prepared, rows, k, n, out32, [&](int n0, int n1, float* tile) {
+    tiled_gemm(px.prepared, rows, k, n, out32, [&](int n0, int n1, float* tile) {
       isa.quantized_dequantize(args, n0, n1, tile);
     });
   }
-  redo_non_finite(x, rows, k, w, scales, biases, scale_type, n, group_size, bits, out32);
-  if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
+  finish(px.x, rows, k, weights, scale_type, group_size, bits, out32, out, out_type);
 }
 
 void run_half_matmul(const void* x_in, Scalar x_type, int rows, int k, const uint16_t* w, Scalar w_type,
