@@ -29,6 +29,8 @@ from typing import Any, cast
 
 import mlx.core as mx
 
+from engine import blas
+
 log = logging.getLogger(__name__)
 
 QUANTIZED_BITS = (4, 8)
@@ -61,6 +63,9 @@ def _load() -> tuple[ModuleType | None, str]:
             f"mlx (the kernel extension was built for MLX {built_for}, this is MLX {running}, and "
             f"MLX's C++ ABI differs between releases). {SLOW_NOTE}; rebuild it: pip install -e ."
         )
+    if blas.describe().startswith("reference"):
+        # Netlib's BLAS is scalar: many rows run on the kernels' own GEMV instead of its GEMM.
+        module.set_gemv_max_rows(1 << 30)
     return module, f"{module.isa()} ({module.threads()} threads)"
 
 

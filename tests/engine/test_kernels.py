@@ -586,3 +586,22 @@ def test_a_quantized_model_holds_what_placement_counts(kernel_models: dict[str, 
     mx.clear_cache()
     held = mx.get_active_memory() - before
     assert held == pytest.approx(loaded.card.bytes_on_disk, rel=0.03)
+
+
+@pytest.mark.parametrize("setting", ["off", "auto"])
+def test_many_rows_skip_a_scalar_blas(setting: str) -> None:
+    """Netlib's BLAS (what MLX bundles) multiplies at a few GFLOP/s: with it, every row count
+    runs on the kernels' own GEMV; with OpenBLAS, many rows may go to its GEMM."""
+    code = (
+        "from engine import blas, kernels\n"
+        "assert kernels.available()\n"
+        "print(blas.describe().split()[0], kernels.extension().gemv_max_rows())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env={**os.environ, "EXO_TUI_BLAS": setting},
+    )  # fmt: skip
+    which, rows = done.stdout.split()
+    assert (int(rows) >= 1 << 30) == (which == "reference"), done.stdout
+    if setting == "off":
+        assert which == "reference"
