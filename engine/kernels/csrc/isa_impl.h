@@ -379,7 +379,7 @@ template <int GS>
 void nibble_dot_gemv(const QuantizedArgs& a, int n0, int n1) {
   // Weight rows shorter than a page are read one at a time, front to back: the hardware
   // prefetcher follows one stream through a page, and several rows read side by side within a
-  // page left it behind (the 1 KiB rows of a 2048-wide model read at two thirds the speed).
+  // page left it behind.
   // Longer rows take 4 a block for several rows of x, which shares each unpacking.
   const bool short_rows = static_cast<std::size_t>(a.k) / 2 < PAGE_BYTES;
   for (int nb = n0; nb < n1; nb += WEIGHT_ROWS_PER_PASS) {

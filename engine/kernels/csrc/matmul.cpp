@@ -130,15 +130,6 @@ void prepare_nibble_x(const uint16_t* x, int rows, int k, uint16_t* prepared) {
 
 namespace {
 
-// One weight: its packed rows, scales, biases, row count and output.
-struct QuantizedWeights {
-  const uint32_t* w;
-  const void* scales;
-  const void* biases;
-  int n;
-  void* out;  // [M, n] in the output's type
-};
-
 // x as the GEMV reads it: in fp32 and in the weights' nibble order, or in bf16 for the dot
 // products in hardware; and each group's sum of x.
 struct GemvX {
@@ -188,21 +179,11 @@ GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int
   return out;
 }
 
-// bf16 x by 4-bit weights with bf16 scales, few rows: dot products in hardware on x as it came.
+// bf16 x by 4-bit weights with bf16 scales: dot products in hardware on x as it came.
 bool takes_nibble_dot(const Isa& isa, Scalar x_type, int bits, Scalar scale_type, int k,
                       int group_size) {
   return isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && scale_type == Scalar::bf16 &&
          k % 128 == 0 && group_size <= 128;
-}
-
-// Every path's end: the outputs that are not finite the way MLX computes them, then the
-// output's own type.
-void finish(const float* x, int rows, int k, const QuantizedWeights& weights, Scalar scale_type,
-            int group_size, int bits, float* out32, void* out, Scalar out_type) {
-  redo_non_finite(x, rows, k, weights.w, weights.scales, weights.biases, scale_type, weights.n,
-                  group_size, bits, out32);
-  if (out_type != Scalar::f32)
-    best_isa().from_f32(out32, out_type, static_cast<std::size_t>(rows) * weights.n, out);
 }
 
 }  // namespace
@@ -213,7 +194,6 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const Isa& isa = best_isa();
   Scratch& s = scratch();
   const int groups = k / group_size;
-  const QuantizedWeights weights{w, scales, biases, n, out};
   // Many rows of bf16 x by 4-bit weights on AMX tiles, 32 weight rows at a time (fewer rows of
   // x than amx_min_rows run faster as GEMVs).
   const bool amx = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && amx_enabled &&
@@ -274,7 +254,8 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
       isa.quantized_dequantize(args, n0, n1, tile);
     });
   }
-  finish(px.x, rows, k, weights, scale_type, group_size, bits, out32, out, out_type);
+  redo_non_finite(px.x, rows, k, w, scales, biases, scale_type, n, group_size, bits, out32);
+  if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
 }
 
 void run_half_matmul(const void* x_in, Scalar x_type, int rows, int k, const uint16_t* w, Scalar w_type,
