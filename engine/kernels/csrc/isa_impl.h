@@ -501,9 +501,38 @@ inline void dot_block(const HalfArgs& a, int n, int m0) {
     }
 }
 
+// One row of x: one weight row at a time, with four chains over k. A single stream per
+// core reads faster than four rows side by side, and four chains hide vdpbf16ps's latency.
+inline void dot_row(const HalfArgs& a, int n, int m) {
+  const int k_all = a.k;
+  const uint16_t* x = a.x16 + static_cast<std::size_t>(m) * k_all;
+  const uint16_t* row = a.w + static_cast<std::size_t>(n) * k_all;
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  __m512 acc2 = _mm512_setzero_ps(), acc3 = _mm512_setzero_ps();
+  int k = 0;
+  for (; k + 128 <= k_all; k += 128) {
+    acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(row + k), (__m512bh)_mm512_loadu_si512(x + k));
+    acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)_mm512_loadu_si512(row + k + 32),
+                            (__m512bh)_mm512_loadu_si512(x + k + 32));
+    acc2 = _mm512_dpbf16_ps(acc2, (__m512bh)_mm512_loadu_si512(row + k + 64),
+                            (__m512bh)_mm512_loadu_si512(x + k + 64));
+    acc3 = _mm512_dpbf16_ps(acc3, (__m512bh)_mm512_loadu_si512(row + k + 96),
+                            (__m512bh)_mm512_loadu_si512(x + k + 96));
+  }
+  for (; k + 32 <= k_all; k += 32)
+    acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(row + k), (__m512bh)_mm512_loadu_si512(x + k));
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+  for (; k < k_all; ++k) s += bf16_to_float(x[k]) * bf16_to_float(row[k]);
+  a.out[static_cast<std::size_t>(m) * a.ldo + n] = s;
+}
+
 template <int MR>
 inline void dot_rows(const HalfArgs& a, int n0, int n1, int m0) {
   int n = n0;
+  if constexpr (MR == 1) {
+    for (; n < n1; ++n) dot_row(a, n, m0);
+    return;
+  }
   for (; n + 4 <= n1; n += 4) dot_block<MR, 4>(a, n, m0);
   for (; n < n1; ++n) dot_block<MR, 1>(a, n, m0);
 }
