@@ -5,10 +5,11 @@ MLX's x86 CPU kernels for these products are scalar loops, so every mlx-communit
 install with MLX's own extension support (csrc/, CMakeLists.txt): MLX primitives with
 `eval_cpu`, vectorised for AVX-512 (with AVX512-BF16 and AMX where the CPU has them) and AVX2,
 chosen from what the CPU reports at run time, with a portable build for every other CPU,
-multithreaded over output rows, and the RMS norms and decoding's attention (MLX's CPU runs them
-as chains of generic ops). One row of x (decoding) runs as a GEMV on the packed weights; a few
-rows (several requests decoding at once) and many (prefill) on AMX tiles where the CPU has them,
-or else as GEMVs and a dequantized tile at a time through BLAS. Weights stay in their stored format.
+multithreaded over output rows, and the RMS norms, rotary embeddings and decoding's attention
+(MLX's CPU runs them as chains of generic ops). One row of x (decoding) runs as a GEMV on the
+packed weights; a few rows (several requests decoding at once) and many (prefill) on AMX tiles
+where the CPU has them, or else as GEMVs and a dequantized tile at a time through BLAS. Weights
+stay in their stored format.
 
 `engine.kernels.routing.install(model)` routes a loaded model's linears here when MLX computes on
 the CPU. `EXO_TUI_KERNELS=mlx` keeps MLX's own kernels. Where the extension is absent (no
@@ -141,6 +142,22 @@ def silu_mul(gate: mx.array, x: mx.array) -> mx.array:
     module = extension()
     assert module is not None
     return cast(mx.array, module.silu_mul(gate, x))
+
+
+def rope(
+    x: mx.array,
+    inv_freqs: mx.array,
+    offset: int | mx.array,
+    dims: int,
+    traditional: bool,
+    scale: float,
+) -> mx.array:
+    """mx.fast.rope with its inverse frequencies given (dims / 2 float32 values), rounded where
+    MLX's CPU fallback rounds, through the extension (which must be available)."""
+    module = extension()
+    assert module is not None
+    at = offset if isinstance(offset, mx.array) else mx.array(offset, dtype=mx.int32)
+    return cast(mx.array, module.rope(x, inv_freqs, at, dims, traditional, scale))
 
 
 def logsumexp_last(x: mx.array) -> mx.array:

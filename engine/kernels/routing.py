@@ -1,6 +1,7 @@
 """Route a model's linears to the CPU kernels: mlx-lm's `QuantizedLinear`, `Linear` with 16-bit
 weights, `QuantizedEmbedding.as_linear` (a tied head) and the sharded linears that tensor
-parallelism uses; and its `RMSNorm`s. Each routed layer gets a subclass of its own class whose
+parallelism uses; its `RMSNorm`s; and its rotary embeddings (`nn.RoPE` and mlx-lm's
+`Llama3RoPE`). Each routed layer gets a subclass of its own class whose
 forward pass calls the kernels; its weights and parameters are untouched, so loading, sharding
 and the ring see the same module tree. mlx-lm's `swiglu`, which its model modules import by
 name, is routed in those modules, and the `mx.logsumexp` that normalises the logits at every
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import sys
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.nn.layers import distributed
+from mlx_lm.models.rope_utils import Llama3RoPE
 
 from engine import kernels
 
@@ -71,6 +74,51 @@ def _rms_norm(self: Any, x: mx.array) -> mx.array:
         return mx.fast.rms_norm(x, weight, self.eps)
     return kernels.rms_norm(x, weight, self.eps)
 
+
+@functools.cache
+def _base_inv_freqs(dims: int, base: float) -> mx.array:
+    """The inverse frequencies of a base, by the ops mx.fast.rope's CPU fallback takes."""
+    half = dims // 2
+    step = mx.array(math.log(base) / half, dtype=mx.float32)
+    inv = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * step)
+    mx.eval(inv)
+    return inv
+
+
+# Each Llama3RoPE's frequencies (by id, with the array, so the id stays its own) and their
+# reciprocals, computed once rather than at every call.
+_INV_OF_FREQS: dict[int, tuple[mx.array, mx.array]] = {}
+
+
+def _freqs_inv(freqs: mx.array) -> mx.array:
+    held = _INV_OF_FREQS.get(id(freqs))
+    if held is None or held[0] is not freqs:
+        held = (freqs, mx.reciprocal(freqs.astype(mx.float32)))
+        mx.eval(held[1])
+        _INV_OF_FREQS[id(freqs)] = held
+    return held[1]
+
+
+def _rope_covers(x: mx.array) -> bool:
+    return x.ndim >= 3 and x.dtype in kernels.FLOAT_TYPES
+
+
+def _rope(self: Any, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+    if not _rope_covers(x):
+        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base,
+                            scale=self.scale, offset=offset)  # fmt: skip
+    inv = _base_inv_freqs(self.dims, float(self.base))
+    return kernels.rope(x, inv, offset, self.dims, self.traditional, self.scale)
+
+
+def _llama3_rope(self: Any, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+    if not _rope_covers(x):
+        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None, scale=1.0,
+                            offset=offset, freqs=self._freqs)  # fmt: skip
+    return kernels.rope(x, _freqs_inv(self._freqs), offset, self.dims, self.traditional, 1.0)
+
+
+_ROPE_FORWARD = {nn.RoPE: _rope, Llama3RoPE: _llama3_rope}
 
 _QUANTIZED_FORWARD = {
     nn.QuantizedLinear: ("__call__", _quantized_linear),
@@ -188,6 +236,9 @@ def install(model: nn.Module) -> int:
             routed += 1
         elif cls is nn.RMSNorm:
             layer.__class__ = _routed_class(cls, "__call__", _rms_norm)
+            routed += 1
+        elif cls in _ROPE_FORWARD:
+            layer.__class__ = _routed_class(cls, "__call__", _ROPE_FORWARD[cls])
             routed += 1
         elif cls in _HALF_FORWARD and layer["weight"].dtype in kernels.HALF_TYPES:
             method, forward = _HALF_FORWARD[cls]

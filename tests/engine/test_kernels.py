@@ -412,6 +412,91 @@ def test_mlx_lms_sampling_normaliser_runs_on_the_kernel(kernel_models: dict[str,
         routing.install(loaded.model)
 
 
+@PROPERTIES
+@given(
+    dtype=st.sampled_from(FLOATS),
+    shape=st.sampled_from(
+        [(1, 32, 1, 64), (2, 8, 7, 128), (3, 5, 64), (2, 3, 4, 6, 32), (1, 4, 300, 64)]
+    ),
+    rotated=st.sampled_from([1.0, 0.5, 0.75]),
+    traditional=st.booleans(),
+    offset=st.integers(0, 5000),
+    scale=st.sampled_from([1.0, 0.5, 0.25]),
+    base=st.sampled_from([10000.0, 500000.0, 1e6]),
+    strided=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_rope_matches_mlx(
+    dtype: mx.Dtype,
+    shape: tuple[int, ...],
+    rotated: float,
+    traditional: bool,
+    offset: int,
+    scale: float,
+    base: float,
+    strided: bool,
+    seed: int,
+) -> None:
+    """Against mx.fast.rope (MLX's CPU fallback), on a contiguous input or a transposed view (as
+    mlx-lm passes its queries and keys). The kernel rounds where the fallback rounds (cos and sin
+    to the type, then each product and each sum), but MLX's fp32 cos and sin are not glibc's, so
+    a value may differ by one step of the type times the largest input (fp32: two steps)."""
+    features = shape[-1]
+    dims = max(2, int(features * rotated) // 2 * 2)
+    x = (mx.random.normal(shape, key=mx.random.key(seed)) * 2).astype(dtype)
+    if strided and x.ndim == 4:
+        x = mx.array(mx.swapaxes(x, 1, 2))
+        mx.eval(x)
+        x = mx.swapaxes(x, 1, 2)  # a [B, H, T, D] view of [B, T, H, D], as mlx-lm's heads are
+    inv = routing._base_inv_freqs(dims, base)  # pyright: ignore[reportPrivateUsage]
+    got = kernels.rope(x, inv, offset, dims, traditional, scale)
+    expected = mx.fast.rope(
+        x, dims, traditional=traditional, base=base, scale=scale, offset=offset
+    ).astype(mx.float32)
+    assert got.dtype == dtype and got.shape == x.shape
+    step = {mx.float32: 2.0**-22, mx.bfloat16: 2.0**-8, mx.float16: 2.0**-11}[dtype]
+    allowed = step * float(mx.max(mx.abs(x.astype(mx.float32)))) + 2 * SMALLEST[dtype]
+    assert float(mx.max(mx.abs(got.astype(mx.float32) - expected))) <= allowed
+    # The features past `dims` pass through unchanged.
+    assert mx.array_equal(got[..., dims:], x[..., dims:])
+
+
+def test_rope_takes_an_offset_for_each_batch_entry() -> None:
+    """Batched decoding's caches hold one offset per request."""
+    x = mx.random.normal((3, 4, 2, 64), key=mx.random.key(3)).astype(mx.bfloat16)
+    offsets = mx.array([0, 5, 900])
+    inv = routing._base_inv_freqs(64, 10000.0)  # pyright: ignore[reportPrivateUsage]
+    got = kernels.rope(x, inv, offsets, 64, False, 1.0)
+    expected = mx.fast.rope(x, 64, traditional=False, base=10000.0, scale=1.0, offset=offsets)
+    assert mx.array_equal(got, expected)
+    with pytest.raises(ValueError, match="one per batch entry"):
+        kernels.rope(x, inv, mx.array([1, 2]), 64, False, 1.0)
+    with pytest.raises(ValueError, match="dims must be even"):
+        kernels.rope(x, inv, 0, 63, False, 1.0)
+
+
+def test_llama3_rope_runs_on_the_kernel_with_its_own_frequencies() -> None:
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
+    config = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}  # fmt: skip
+    layer = Llama3RoPE(64, traditional=False, base=500000.0, scaling_config=config)
+    x = mx.random.normal((1, 8, 5, 64), key=mx.random.key(4)).astype(mx.bfloat16)
+    expected = layer(x, offset=3000)
+    model = nn.Sequential(layer)
+    assert routing.install(model) == 1 and type(layer).__name__ == "CpuLlama3RoPE"
+    try:
+        assert mx.array_equal(layer(x, offset=3000), expected)
+    finally:
+        routing.uninstall(model)
+
+
+def test_a_models_rotary_embeddings_run_on_the_kernel(kernel_models: dict[str, Path]) -> None:
+    loaded = load_model_sync(kernel_models["qwen3-q4-g32"])
+    ropes = [m for _, m in loaded.model.named_modules() if isinstance(m, nn.RoPE)]
+    assert ropes and all(type(m).__name__ == "CpuRoPE" for m in ropes)
+
+
 def test_decode_attention_refuses_mismatched_arguments() -> None:
     q = mx.zeros((1, 4, 1, 8))
     with pytest.raises(ValueError, match="multiple of k's"):
@@ -532,7 +617,9 @@ def test_an_uncovered_quantization_runs_on_mlx_and_says_so_once(
         folder = quantized_copy(source, tmp_path / f"q{bits}", bits, 64)
         with caplog.at_level(logging.WARNING, logger="engine.kernels"):
             loaded = load_model_sync(folder)
-        linears = [m for _, m in loaded.model.named_modules() if not isinstance(m, nn.RMSNorm)]
+        linears = [
+            m for _, m in loaded.model.named_modules() if not isinstance(m, (nn.RMSNorm, nn.RoPE))
+        ]
         assert not any(type(m).__name__.startswith("Cpu") for m in linears)
         prompt = loaded.tokenizer.encode("Hello there")
         tokens, _ = greedy_logits(loaded.model, prompt, 4)

@@ -30,6 +30,9 @@ NB_MODULE(_kernels, m) {
         "stream"_a = nb::none(), "x @ w.T for bfloat16 or float16 weights");
   m.def("rms_norm", &exo_kernels::rms_norm, "x"_a, "w"_a, "eps"_a, nb::kw_only(),
         "stream"_a = nb::none(), "mx.fast.rms_norm(x, w, eps) for x and w of one float type");
+  m.def("rope", &exo_kernels::rope, "x"_a, "inv_freqs"_a, "offset"_a, "dims"_a, "traditional"_a,
+        "scale"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.fast.rope with its inverse frequencies given, rounded as MLX's CPU fallback rounds");
   m.def("logsumexp_last", &exo_kernels::logsumexp_last, "x"_a, nb::kw_only(),
         "stream"_a = nb::none(), "mx.logsumexp(x, axis=-1, keepdims=True)");
   m.def("silu_mul", &exo_kernels::silu_mul, "gate"_a, "x"_a, nb::kw_only(), "stream"_a = nb::none(),

@@ -7,6 +7,7 @@
 
 #include "matmul.h"
 #include "norms.h"
+#include "rope.h"
 #include "threads.h"
 #include "mlx/backend/cpu/encoder.h"
 
@@ -271,6 +272,54 @@ void CpuDecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
 void CpuDecodeAttention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error(
       "CpuDecodeAttention runs on the CPU only; use mx.fast.scaled_dot_product_attention");
+}
+
+mx::array rope(const mx::array& x, const mx::array& inv_freqs, const mx::array& offset, int dims,
+               bool traditional, float scale, mx::StreamOrDevice s) {
+  if (x.ndim() < 3) throw std::invalid_argument("x must be [batch, ..., positions, features]");
+  if (dims <= 0 || dims % 2 != 0 || dims > x.shape(-1)) {
+    std::ostringstream message;
+    message << "dims must be even, positive and at most x's last dimension (" << x.shape(-1)
+            << "), not " << dims;
+    throw std::invalid_argument(message.str());
+  }
+  if (inv_freqs.ndim() != 1 || inv_freqs.shape(0) != dims / 2 || inv_freqs.dtype() != mx::float32)
+    throw std::invalid_argument("inv_freqs must be dims / 2 float32 values");
+  if (offset.ndim() > 1 || (offset.size() != 1 && offset.size() != static_cast<std::size_t>(x.shape(0))) ||
+      !mx::issubdtype(offset.dtype(), mx::integer))
+    throw std::invalid_argument("offset must be an integer scalar or one per batch entry");
+  scalar_of(x.dtype(), "x");
+  mx::Stream stream = cpu_stream(s);
+  // The fallback's [B, N, T, D] view; a 4-D x is read in place through its strides.
+  mx::array x4 = x;
+  if (x.ndim() == 3) x4 = mx::expand_dims(x, 1, stream);
+  else if (x.ndim() > 4) x4 = mx::flatten(x, 1, x.ndim() - 3, stream);
+  return mx::array(x.shape(), x.dtype(), std::make_shared<CpuRope>(stream, dims, traditional, scale),
+                   {x4, offset.dtype() == mx::int32 ? offset : mx::astype(offset, mx::int32, stream),
+                    inv_freqs});
+}
+
+void CpuRope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& encoder = prepared_encoder(stream(), inputs, out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                    offset = mx::array::unsafe_weak_copy(inputs[1]),
+                    inv_freqs = mx::array::unsafe_weak_copy(inputs[2]),
+                    out = mx::array::unsafe_weak_copy(out), dims = dims_,
+                    traditional = traditional_, scale = scale_]() mutable {
+    if (x.size() == 0) return;
+    RopeArgs args{x.data<void>(), out.data<void>(), scalar_of(x.dtype(), "x"),
+                  x.shape(0), x.shape(1), x.shape(2), x.shape(3),
+                  {static_cast<long>(x.strides()[0]), static_cast<long>(x.strides()[1]),
+                   static_cast<long>(x.strides()[2]), static_cast<long>(x.strides()[3])},
+                  offset.data<int32_t>(), offset.ndim() == 1 ? static_cast<long>(offset.strides()[0]) : 0,
+                  offset.size() > 1, inv_freqs.data<float>(), static_cast<long>(inv_freqs.strides()[0]),
+                  dims, traditional, scale};
+    run_rope(args);
+  });
+}
+
+void CpuRope::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuRope runs on the CPU only; use mx.fast.rope");
 }
 
 void CpuRmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {

@@ -109,4 +109,28 @@ class CpuRmsNorm : public mx::UnaryPrimitive {
   float eps_;
 };
 
+// mx.fast.rope(x, dims, traditional=..., scale=..., offset=...) with the inverse frequencies
+// given (the fallback's exp of its base, or the reciprocal of its freqs): x is [B, *, T, D], the
+// offset an int scalar or one per batch entry. Rounded where MLX's CPU fallback rounds.
+mx::array rope(const mx::array& x, const mx::array& inv_freqs, const mx::array& offset, int dims,
+               bool traditional, float scale, mx::StreamOrDevice s = {});
+
+class CpuRope : public mx::UnaryPrimitive {
+ public:
+  CpuRope(mx::Stream stream, int dims, bool traditional, float scale)
+      : mx::UnaryPrimitive(stream), dims_(dims), traditional_(traditional), scale_(scale) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "CpuRope"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const CpuRope&>(other);
+    return dims_ == o.dims_ && traditional_ == o.traditional_ && scale_ == o.scale_;
+  }
+
+ private:
+  int dims_;
+  bool traditional_;
+  float scale_;
+};
+
 }  // namespace exo_kernels
