@@ -178,6 +178,12 @@ class BatchEngine:
                     ended = True
                     raise ModelFormatError(chunk.cause, chunk.fix)
                 ended = isinstance(chunk, DoneChunk)
+                if caller.cancel.is_set():
+                    # Decoded ahead of a caller who has stopped: the answer ends where it read.
+                    if not ended:
+                        continue
+                    if chunk.finish_reason != "cancelled":
+                        chunk = chunk.model_copy(update={"finish_reason": "cancelled"})
                 yield chunk
                 if ended:
                     return
