@@ -54,9 +54,20 @@ from engine.generate import (
 from engine.loading import LoadedModel
 from engine.prefill import timed_feed
 from engine.sampling import request_sampler
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, PrefillProgress
+from engine.types import (
+    ChatRequest,
+    Chunk,
+    DoneChunk,
+    ErrorChunk,
+    PrefillProgress,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+)
 
 log = logging.getLogger(__name__)
+
+ANSWER_CHUNKS = (TextChunk, ReasoningChunk, ToolCallChunk)
 
 DEFAULT_BATCH = 8  # requests decoded together; more wait for a slot
 
@@ -178,12 +189,16 @@ class BatchEngine:
                     ended = True
                     raise ModelFormatError(chunk.cause, chunk.fix)
                 ended = isinstance(chunk, DoneChunk)
-                if caller.cancel.is_set():
-                    # Decoded ahead of a caller who has stopped: the answer ends where it read.
-                    if not ended:
-                        continue
-                    if chunk.finish_reason != "cancelled":
-                        chunk = chunk.model_copy(update={"finish_reason": "cancelled"})
+                # Decoded ahead of a caller who has stopped: the answer ends where it read.
+                # Only the answer's chunks ask: a prefill's progress is the engine's to report.
+                if isinstance(chunk, ANSWER_CHUNKS) and caller.cancel.is_set():
+                    continue
+                if (
+                    isinstance(chunk, DoneChunk)
+                    and chunk.finish_reason != "cancelled"
+                    and caller.cancel.is_set()
+                ):
+                    chunk = chunk.model_copy(update={"finish_reason": "cancelled"})
                 yield chunk
                 if ended:
                     return
