@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 from urllib.parse import unquote, urlsplit
 
 import huggingface_hub.constants as hf_constants
@@ -87,7 +87,7 @@ class HubServer:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
 
-    def __enter__(self) -> HubServer:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

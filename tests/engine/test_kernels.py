@@ -20,8 +20,9 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine import kernels
@@ -316,12 +317,15 @@ def test_decode_attention_matches_mlx(
     dtype=st.sampled_from(FLOATS),
     seed=st.integers(0, 2**16),
 )
+@example(shape=[2, 2], spread=30.0, dtype=mx.float32, seed=0)  # MLX's exp off by 1e-6 there
 def test_silu_mul_matches_mlx_swiglu(
     isa: str, shape: list[int], spread: float, dtype: mx.Dtype, seed: int
 ) -> None:
     """Against mlx-lm's swiglu in the same type: the kernel rounds where MLX's ops round, but its
     exp is a polynomial, so a result may differ from MLX's by two steps of the type (1e-6 of the
-    value in fp32), plus float16's subnormal spacing."""
+    value in fp32), plus float16's subnormal spacing, or by as much as MLX's own result differs
+    from the exact one (float64): MLX's fp32 exp is off by about 1e-6 far below zero, where the
+    kernel's was exact (seed 0, spread 30)."""
     from mlx_lm.models.activations import swiglu
 
     key = mx.random.key(seed)
@@ -334,7 +338,11 @@ def test_silu_mul_matches_mlx_swiglu(
     got32 = got.astype(mx.float32)
     assert mx.array_equal(mx.isnan(got32), mx.isnan(expected))
     steps = {mx.float32: 1e-6, mx.bfloat16: 2.0**-7, mx.float16: 2.0**-10}[dtype]
-    allowed = steps * mx.abs(expected) + 2 * SMALLEST[dtype] + 1e-30
+    g64, x64 = (np.array(a.astype(mx.float32)).astype(np.float64) for a in (gate, x))
+    with np.errstate(over="ignore", invalid="ignore"):
+        exact = mx.array((g64 / (1 + np.exp(-g64)) * x64).astype(np.float32))
+    mlx_error = mx.where(mx.isnan(exact), 0.0, mx.abs(expected - exact))
+    allowed = steps * mx.abs(expected) + mlx_error + 2 * SMALLEST[dtype] + 1e-30
     ratio = mx.where(mx.isnan(expected), 0.0, mx.abs(got32 - expected) / allowed)
     assert float(mx.max(ratio)) <= 1.0
 
@@ -350,7 +358,7 @@ def test_a_models_swiglu_runs_on_the_kernel_and_gives_the_same_tokens(
     prompt = loaded.tokenizer.encode("Tell me a story about a dog and a cat.")
     tokens, logits = greedy_logits(loaded.model, prompt, 32)
     original = module.swiglu._exo_tui_original_swiglu
-    module.swiglu = original
+    setattr(module, "swiglu", original)  # noqa: B010  (a module typed as ModuleType)
     try:
         expected_tokens, expected_logits = greedy_logits(loaded.model, prompt, 32)
     finally:
