@@ -58,8 +58,12 @@ std::pair<int, int> share(int n, int parts, int part, int align) {
   return {std::min(n, b0 * align), std::min(n, b1 * align)};
 }
 
+constexpr int PARTS_PER_THREAD = 4;
+
 void gemv_parallel(int n, const std::function<void(int, int)>& rows) {
-  const int parts = std::max(1, std::min(thread_count(), (n + 3) / 4));
+  // Several parts a thread, taken as each thread comes free: a thread the OS takes off its
+  // core (the API's threads, a client on the same cores) holds up only the part it is in.
+  const int parts = std::max(1, std::min(thread_count() * PARTS_PER_THREAD, (n + 3) / 4));
   parallel_for(parts, [&](int part) {
     const auto [n0, n1] = share(n, parts, part, 4);
     if (n0 < n1) rows(n0, n1);
