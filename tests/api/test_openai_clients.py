@@ -60,16 +60,18 @@ def test_async_stream_is_the_whole_answer_in_pieces(
     )
 
     async def streamed() -> tuple[str, list[ChatCompletionChunk]]:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        stream = await api.chat.completions.create(
-            model="demo",
-            messages=messages,
-            temperature=0,
-            max_tokens=40,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        chunks = [chunk async for chunk in stream]
+        # Closed in its own loop: left to the garbage collector, its connections' close ran
+        # into a later test's loop after this one had closed.
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as api:
+            stream = await api.chat.completions.create(
+                model="demo",
+                messages=messages,
+                temperature=0,
+                max_tokens=40,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [chunk async for chunk in stream]
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         return text, chunks
 
