@@ -67,7 +67,8 @@ def _load() -> tuple[ModuleType | None, str]:
     if blas.describe().startswith("reference"):
         # Netlib's BLAS is scalar: many rows run on the kernels' own GEMV instead of its GEMM.
         module.set_gemv_max_rows(1 << 30)
-    return module, f"{module.isa()} ({module.threads()} threads)"
+    tiles = "+amx" if module.amx() else ""  # many rows of bf16 products run on AMX tiles
+    return module, f"{module.isa()}{tiles} ({module.threads()} threads)"
 
 
 def extension() -> Any | None:
@@ -80,7 +81,7 @@ def available() -> bool:
 
 
 def describe() -> str:
-    """Which CPU kernels run: `avx512 (2 threads)`, or `mlx (...why...)`."""
+    """Which CPU kernels run: `avx512bf16+amx (2 threads)`, or `mlx (...why...)`."""
     return _load()[1]
 
 
