@@ -686,6 +686,31 @@ def print_tables(
               f"| {nbytes / 2**20:.1f} | {row['rows']} | {seconds * 1000:.3f} "
               f"| {nbytes / seconds / 1e9:.1f} | {nbytes / seconds / bandwidth:.0%} "
               f"| {flops / 1e9:.0f} |")  # fmt: skip
+    for fmt, label in VARIANTS.items():
+        step = decode_step_reading(kernel_rows, fmt, args)
+        if step is not None:
+            print(
+                f"{label}, one decoding step's linears (1 row of x, each timed alone): "
+                f"{step / 1e9:.1f} GB/s of weights, {step / bandwidth:.0%} of the bandwidth"
+            )
+
+
+def decode_step_reading(
+    rows: list[dict[str, Any]], fmt: str, args: argparse.Namespace
+) -> float | None:
+    """Bytes/s over one decoding step's linears: each shape's time alone (1 row of x), as many
+    times as a step calls it (q and o, k and v, gate and up twice a layer; down once; the head
+    once)."""
+    calls = {"q, o": 2, "k, v": 2, "gate, up": 2, "down": 1}
+    layers = shape_from_args(args)["num_layers"]
+    nbytes = seconds = 0.0
+    for row in rows:
+        if row["format"] != fmt or row["rows"] != 1:
+            continue
+        count = 1 if row["name"] == "head" else calls[row["name"]] * layers
+        nbytes += count * row["bytes"]
+        seconds += count * row["seconds"]
+    return nbytes / seconds if seconds else None
 
 
 if __name__ == "__main__":

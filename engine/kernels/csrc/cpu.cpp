@@ -13,7 +13,8 @@ bool cpu_has(const char* name) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   if (std::strcmp(name, "avx512bf16") == 0)
-    return cpu_has("avx512") && __builtin_cpu_supports("avx512bf16");
+    return cpu_has("avx512") && __builtin_cpu_supports("avx512bf16") &&
+           __builtin_cpu_supports("avx512vnni");
   if (std::strcmp(name, "avx512") == 0)
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&

@@ -1,4 +1,4 @@
-// The avx512 build plus AVX512-BF16's dot products for bf16 weights by bf16 x (see isa_impl.h);
+// The avx512 build plus AVX512-BF16 and AVX512-VNNI dot products (see isa_impl.h);
 // CMakeLists.txt gives this file its flags.
 #define ISA_NS avx512bf16
 #define ISA_NAME "avx512bf16"

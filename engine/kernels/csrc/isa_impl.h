@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -287,12 +288,14 @@ void quantized_dequantize_typed(const QuantizedArgs& a, int n0, int n1, float* t
 }
 
 #if defined(EXO_BF16_DOT)
-// 4 bits by bf16 x on AVX512-BF16, for decoding. 64 packed bytes are 32 words of 4 nibbles;
-// shifting the words by 0, 4, 8 and 12 and looking the low bits up in a table of the 16 levels
-// gives 4 vectors of 32 exact bf16 weights, and vdpbf16ps multiplies each by 32 values of x
-// (prepared in the same order). Per 128 weights: 3 shifts, 4 permutes, 4 dot products, where
-// the fp32 lookup takes 4 widenings, 8 permutes and 8 FMAs. Each group's sum of q * x is scaled
-// in fp32; the biases' term is sum over groups of bias * sum of x.
+// 4 bits by bf16 x on AVX512-BF16 CPUs (all of which have AVX512-VNNI), for decoding. 64 packed
+// bytes are 32 words of 4 nibbles; shifting the words by 0, 4, 8 and 12 and masking gives 4
+// vectors of 32 weights' q as 16-bit integers, and vpdpwssd multiplies each by 32 values of x
+// (16-bit integers too, prepared in the same order by prepare_int_x) and adds pairs into 32-bit
+// lanes, exactly. Per 128 weights: 3 shifts, 3 masks, 4 dot products. The bf16 dot products
+// this replaced took a table lookup per vector and half as many products a cycle (measured).
+// Each lane's sum is scaled in fp32 by its group's scale times its x's scale; the biases' term
+// is the sum over groups of bias * sum of x.
 template <int GS>
 inline __m512 block_scales(const uint16_t* scales, int b) {
   // Lane l of a block's sums holds its values 8l..8l+7: group (8l) / GS of the block's 128 / GS.
@@ -317,44 +320,46 @@ inline __m512 block_scales(const uint16_t* scales, int b) {
   return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(0xAAAAAAAAu, index, words));
 }
 
+// How far ahead of the row being read one weight row at a time prefetches: the hardware
+// prefetcher alone, or one 1 KiB row ahead, left the loop waiting on memory (measured).
+constexpr std::size_t PREFETCH_AHEAD = 4096;
+
 template <int MR, int NR, int GS>
 inline void nibble_dot_block(const QuantizedArgs& a, int n, int m0) {
   const int k_all = a.k, groups = k_all / GS, blocks = k_all / 128;
   const std::size_t row_bytes = static_cast<std::size_t>(k_all) / 2;
-  const uint16_t* x = a.x16 + static_cast<std::size_t>(m0) * k_all;
+  const std::size_t lanes_per_row = static_cast<std::size_t>(k_all) / 8;  // 16 a block
+  const int16_t* x = a.xq + static_cast<std::size_t>(m0) * k_all;
+  const float* x_scales = a.xq_scales + static_cast<std::size_t>(m0) * lanes_per_row;
   const float* xsum = a.xsum + static_cast<std::size_t>(m0) * groups;
   const WeightRows<NR, bf16> block(a, n, row_bytes, groups);
   const auto& [rows, scales_in, biases_in] = block;
   const uint16_t* scales[NR];
   for (int r = 0; r < NR; ++r) scales[r] = &scales_in[r]->bits;
-  const std::size_t ahead = NR * row_bytes;
-  // Level i & 15 at word i: the permutes read 5 bits of each index, the nibble and one above it.
-  const __m512i levels = _mm512_set_epi16(
-      0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120, 0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0,
-      0x4080, 0x4040, 0x4000, 0x3f80, 0x0000, 0x4170, 0x4160, 0x4150, 0x4140, 0x4130, 0x4120,
-      0x4110, 0x4100, 0x40e0, 0x40c0, 0x40a0, 0x4080, 0x4040, 0x4000, 0x3f80, 0x0000);
+  // One row at a time reads the rows as one stream; a block of rows prefetches the next block's.
+  const std::size_t ahead = NR == 1 ? PREFETCH_AHEAD : NR * row_bytes;
+  const __m512i nibble = _mm512_set1_epi16(15);
   __m512 total[NR][MR];
   for (int r = 0; r < NR; ++r)
     for (int m = 0; m < MR; ++m) total[r][m] = _mm512_setzero_ps();
   for (int b = 0; b < blocks; ++b) {
     for (int r = 0; r < NR; ++r) {
       const uint8_t* bytes = rows[r] + static_cast<std::size_t>(b) * 64;
-      // The same line of the next block's rows: the hardware prefetcher alone left the loop
-      // waiting on memory.
       _mm_prefetch(reinterpret_cast<const char*>(bytes) + ahead, _MM_HINT_T0);
       const __m512i w = _mm512_loadu_si512(bytes);
-      const __m512bh q0 = (__m512bh)_mm512_permutexvar_epi16(w, levels);
-      const __m512bh q1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), levels);
-      const __m512bh q2 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 8), levels);
-      const __m512bh q3 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 12), levels);
+      const __m512i q0 = _mm512_and_si512(w, nibble);
+      const __m512i q1 = _mm512_and_si512(_mm512_srli_epi16(w, 4), nibble);
+      const __m512i q2 = _mm512_and_si512(_mm512_srli_epi16(w, 8), nibble);
+      const __m512i q3 = _mm512_srli_epi16(w, 12);
       const __m512 scale = block_scales<GS>(scales[r], b);
       for (int m = 0; m < MR; ++m) {
-        const uint16_t* xb = x + static_cast<std::size_t>(m) * k_all + static_cast<std::size_t>(b) * 128;
-        __m512 sum = _mm512_dpbf16_ps(_mm512_setzero_ps(), q0, (__m512bh)_mm512_loadu_si512(xb));
-        sum = _mm512_dpbf16_ps(sum, q1, (__m512bh)_mm512_loadu_si512(xb + 32));
-        sum = _mm512_dpbf16_ps(sum, q2, (__m512bh)_mm512_loadu_si512(xb + 64));
-        sum = _mm512_dpbf16_ps(sum, q3, (__m512bh)_mm512_loadu_si512(xb + 96));
-        total[r][m] = _mm512_fmadd_ps(sum, scale, total[r][m]);
+        const int16_t* xb = x + static_cast<std::size_t>(m) * k_all + static_cast<std::size_t>(b) * 128;
+        __m512i sum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q0, _mm512_loadu_si512(xb));
+        sum = _mm512_dpwssd_epi32(sum, q1, _mm512_loadu_si512(xb + 32));
+        sum = _mm512_dpwssd_epi32(sum, q2, _mm512_loadu_si512(xb + 64));
+        sum = _mm512_dpwssd_epi32(sum, q3, _mm512_loadu_si512(xb + 96));
+        const __m512 x_scale = _mm512_loadu_ps(x_scales + m * lanes_per_row + static_cast<std::size_t>(b) * 16);
+        total[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, x_scale), total[r][m]);
       }
     }
   }
@@ -370,6 +375,51 @@ inline void nibble_dot_block(const QuantizedArgs& a, int n, int m0) {
       a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n + r] =
           _mm512_reduce_add_ps(total[r][m]) + _mm512_reduce_add_ps(bias) + tail;
     }
+}
+
+// x (bf16, rows of k values, k a multiple of 128) for nibble_dot_block: each 32 values scaled
+// by their largest magnitude to at most 32767 and rounded to the nearest integer, so a value is
+// off by at most max / 65534; in each block of 128, position 32 * j + i takes value 4 * i + j,
+// the order in which the 16-bit words of 64 packed bytes hold their nibbles. `scales` gets 16
+// floats a block, lane l the scale of the values that lane l of the sums holds (8l..8l+7): NaN
+// where one of its 32 values is not finite, so that the output is too and is computed again
+// the way MLX does it (see redo_non_finite).
+void prepare_int_x(const uint16_t* x, int rows, int k, int16_t* xq, float* scales) {
+  const std::size_t count = static_cast<std::size_t>(rows) * k;
+  const __m512 largest = _mm512_set1_ps(3.4028235e38f);
+  // Lane i of output j takes word 4 * (i % 16) + j of a pair of 32-word vectors.
+  alignas(64) uint16_t index_words[4][32];
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < 32; ++i) index_words[j][i] = static_cast<uint16_t>(4 * (i % 16) + j);
+  for (std::size_t base = 0; base < count; base += 128) {
+    __m512i words[4];  // the block's 128 values as integers, in their order
+    alignas(16) float group_scale[4];
+    for (int t = 0; t < 4; ++t) {
+      const __m512 v0 = (__m512)load_bf16(x + base + 32 * t), v1 = (__m512)load_bf16(x + base + 32 * t + 16);
+      const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
+      const bool finite = (_mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) |
+                           _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ)) == 0;
+      const float top = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+      // A group of zeros (or of values too small for their reciprocal) counts as zeros.
+      const bool usable = finite && top >= 1e-30f;
+      const float step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 32767.0f : 0.0f;
+      const __m512 inverse = _mm512_set1_ps(usable ? 32767.0f / top : 0.0f);
+      group_scale[t] = step;
+      const __m256i h0 = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inverse)));
+      const __m256i h1 = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inverse)));
+      words[t] = _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1);
+    }
+    int16_t* out = xq + base;
+    for (int j = 0; j < 4; ++j) {
+      const __m512i index = _mm512_load_si512(index_words[j]);
+      const __m512i low = _mm512_permutex2var_epi16(words[0], index, words[1]);
+      const __m512i high = _mm512_permutex2var_epi16(words[2], index, words[3]);
+      _mm512_storeu_si512(out + 32 * j, _mm512_mask_blend_epi16(0xFFFF0000u, low, high));
+    }
+    const __m512i lane_group = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    _mm512_storeu_ps(scales + base / 8,
+                     _mm512_permutexvar_ps(lane_group, _mm512_castps128_ps512(_mm_load_ps(group_scale))));
+  }
 }
 
 // A row shorter than this many bytes shares a memory page with the next rows.
@@ -396,7 +446,7 @@ void nibble_dot_gemv(const QuantizedArgs& a, int n0, int n1) {
 
 void quantized_gemv(const QuantizedArgs& a, int n0, int n1) {
 #if defined(EXO_BF16_DOT)
-  if (a.x16 != nullptr) {
+  if (a.xq != nullptr) {
     if (a.group_size == 32) return nibble_dot_gemv<32>(a, n0, n1);
     if (a.group_size == 64) return nibble_dot_gemv<64>(a, n0, n1);
     return nibble_dot_gemv<128>(a, n0, n1);
@@ -617,6 +667,11 @@ const Isa ISA_TABLE = {
     false,
 #endif
     ISA_NS::quantized_gemv,
+#if defined(EXO_BF16_DOT)
+    ISA_NS::prepare_int_x,
+#else
+    nullptr,
+#endif
     ISA_NS::half_gemv,
     ISA_NS::quantized_dequantize,
     ISA_NS::half_widen,

@@ -26,16 +26,12 @@ struct QuantizedArgs {
   int bits;
   float* out;  // [M, ldo] fp32
   int ldo;
-  // Where x is bf16, the scales bf16 and the bits 4, on a table with bf16_dot: x in bf16 again,
-  // each block of 128 values in the order of its weights' nibbles (see prepare_nibble_x), for
-  // dot products in hardware. Otherwise nullptr.
-  const uint16_t* x16 = nullptr;
+  // Where x is bf16, the scales bf16 and the bits 4, on a table with prepare_int_x: x as 16-bit
+  // integers in the order of its weights' nibbles and their scales (see prepare_int_x), for
+  // integer dot products in hardware. Otherwise nullptr.
+  const int16_t* xq = nullptr;
+  const float* xq_scales = nullptr;
 };
-
-// x (bf16, rows of k values, k a multiple of 128) for quantized_gemv's bf16 dot products: in
-// each block of 128, position 32 * j + i takes value 4 * i + j, as the 16-bit words of 64 packed
-// bytes hold their nibbles.
-void prepare_nibble_x(const uint16_t* x, int rows, int k, uint16_t* prepared);
 
 // out[m, n] = sum_k x[m, k] * w[n, k], with w in bf16 or fp16.
 struct HalfArgs {
@@ -76,6 +72,9 @@ struct Isa {
   bool bf16_dot;
   // The output rows [n0, n1) of a product with few rows of x (decoding).
   void (*quantized_gemv)(const QuantizedArgs&, int n0, int n1);
+  // bf16 x (rows of k values, k a multiple of 128) as quantized_gemv's xq and xq_scales take it:
+  // k values and k / 8 scales a row. nullptr where the table has no integer dot products.
+  void (*prepare_int_x)(const uint16_t* x, int rows, int k, int16_t* xq, float* scales);
   void (*half_gemv)(const HalfArgs&, int n0, int n1);
   // Weight rows [n0, n1) as fp32, row-major into `tile` (row n0 first), for BLAS.
   void (*quantized_dequantize)(const QuantizedArgs&, int n0, int n1, float* tile);

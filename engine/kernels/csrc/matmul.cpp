@@ -29,8 +29,9 @@ constexpr std::size_t TILE_FLOATS = std::size_t{1} << 20;
 // Buffers kept per thread between calls, so a decoding step allocates nothing.
 struct Scratch {
   std::vector<float> x, prepared, sums, out, tile, bias;
-  std::vector<uint16_t> tiles_x, nibble_x;
-  std::vector<float> xsum_t;
+  std::vector<uint16_t> tiles_x;
+  std::vector<int16_t> int_x;
+  std::vector<float> xsum_t, int_x_scales;
 };
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -125,21 +126,15 @@ void redo_non_finite(const float* x, int rows, int k, const uint32_t* w, const v
 
 }  // namespace
 
-void prepare_nibble_x(const uint16_t* x, int rows, int k, uint16_t* prepared) {
-  const std::size_t count = static_cast<std::size_t>(rows) * k;
-  for (std::size_t base = 0; base < count; base += 128)
-    for (int j = 0; j < 4; ++j)
-      for (int i = 0; i < 32; ++i) prepared[base + 32 * j + i] = x[base + 4 * i + j];
-}
-
 namespace {
 
-// x as the GEMV reads it: in fp32 and in the weights' nibble order, or in bf16 for the dot
-// products in hardware; and each group's sum of x.
+// x as the GEMV reads it: in fp32 and in the weights' nibble order, or as 16-bit integers for
+// the dot products in hardware; and each group's sum of x.
 struct GemvX {
   const float* x;         // fp32, as it came
   const float* prepared;  // fp32, each 4-bit chunk's even values then its odd ones
-  const uint16_t* x16;    // bf16 in nibble order (nullptr: the fp32 path)
+  const int16_t* xq;      // integers in nibble order (nullptr: the fp32 path)
+  const float* xq_scales;
   const float* sums;      // [rows, groups]
 };
 
@@ -147,15 +142,17 @@ struct GemvX {
 GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int rows, int k,
                 int group_size, int bits, bool nibble_dot, bool layout) {
   const std::size_t x_count = static_cast<std::size_t>(rows) * k;
-  GemvX out{as_f32(isa, x_in, x_type, x_count, s.x), nullptr, nullptr, nullptr};
+  GemvX out{as_f32(isa, x_in, x_type, x_count, s.x), nullptr, nullptr, nullptr, nullptr};
   out.prepared = out.x;
   // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
   // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
   // order, so the dot products are unchanged.
   if (nibble_dot && layout) {
-    s.nibble_x.resize(std::max(s.nibble_x.size(), x_count));
-    prepare_nibble_x(static_cast<const uint16_t*>(x_in), rows, k, s.nibble_x.data());
-    out.x16 = s.nibble_x.data();
+    s.int_x.resize(std::max(s.int_x.size(), x_count));
+    float* scales = sized(s.int_x_scales, x_count / 8);
+    isa.prepare_int_x(static_cast<const uint16_t*>(x_in), rows, k, s.int_x.data(), scales);
+    out.xq = s.int_x.data();
+    out.xq_scales = scales;
   } else if (bits == 4 && layout) {
     float* p = sized(s.prepared, x_count);
     const int chunk = 2 * isa.lanes, half = isa.lanes;
@@ -183,10 +180,10 @@ GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int
   return out;
 }
 
-// bf16 x by 4-bit weights with bf16 scales: dot products in hardware on x as it came.
+// bf16 x by 4-bit weights with bf16 scales: integer dot products in hardware.
 bool takes_nibble_dot(const Isa& isa, Scalar x_type, int bits, Scalar scale_type, int k,
                       int group_size) {
-  return isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && scale_type == Scalar::bf16 &&
+  return isa.prepare_int_x != nullptr && x_type == Scalar::bf16 && bits == 4 && scale_type == Scalar::bf16 &&
          k % 128 == 0 && group_size <= 128;
 }
 
@@ -214,7 +211,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   QuantizedArgs args{px.prepared, px.sums, rows, k, n, w, scales, biases, scale_type, group_size,
-                     bits, out32, n, px.x16};
+                     bits, out32, n, px.xq, px.xq_scales};
   if (small_tiles) {
     s.tiles_x.resize(std::max(s.tiles_x.size(), amx_small_x_size(k, rows)));
     amx_prepare_small_x(static_cast<const uint16_t*>(x_in), rows, k, s.tiles_x.data());
