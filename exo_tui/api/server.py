@@ -228,7 +228,18 @@ class ApiServer:
             self._loop = asyncio.get_running_loop()
             await self._server.serve(sockets=[self._socket])
 
-        asyncio.run(serve())
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve())
+
+
+def _loop_factory() -> Any:
+    """uvloop's event loop where it is installed (not on Windows): it takes less of the cores
+    the model decodes on per chunk than asyncio's own (bench/api.py)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def start_api(
