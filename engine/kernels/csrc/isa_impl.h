@@ -404,8 +404,9 @@ void prepare_int_x(const uint16_t* x, int rows, int k, int16_t* xq, float* scale
       const bool finite = (_mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) |
                            _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ)) == 0;
       const float top = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
-      // A group of zeros (or of values too small for their reciprocal) counts as zeros.
-      const bool usable = finite && top >= 1e-30f;
+      // A group of zeros, or one whose largest magnitude is under 1e-34 (where 32767 / top
+      // would overflow), counts as zeros.
+      const bool usable = finite && top >= 1e-34f;
       const float step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 32767.0f : 0.0f;
       const __m512 inverse = _mm512_set1_ps(usable ? 32767.0f / top : 0.0f);
       group_scale[t] = step;
