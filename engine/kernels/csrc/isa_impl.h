@@ -357,13 +357,16 @@ inline void nibble_dot_block(const QuantizedArgs& a, int n, int m0) {
       const __m512i q3 = _mm512_srli_epi16(w, 12);
       const __m512 scale = block_scales<GS>(scales[r], b);
       for (int m = 0; m < MR; ++m) {
-        const int16_t* xb = x + static_cast<std::size_t>(m) * k_all + static_cast<std::size_t>(b) * 128;
+        const int16_t* xb =
+            x + static_cast<std::size_t>(m) * k_all + static_cast<std::size_t>(b) * 128;
         __m512i sum = _mm512_dpwssd_epi32(_mm512_setzero_si512(), q0, _mm512_loadu_si512(xb));
         sum = _mm512_dpwssd_epi32(sum, q1, _mm512_loadu_si512(xb + 32));
         sum = _mm512_dpwssd_epi32(sum, q2, _mm512_loadu_si512(xb + 64));
         sum = _mm512_dpwssd_epi32(sum, q3, _mm512_loadu_si512(xb + 96));
-        const __m512 x_scale = _mm512_loadu_ps(x_scales + m * lanes_per_row + static_cast<std::size_t>(b) * 16);
-        total[r][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, x_scale), total[r][m]);
+        const __m512 x_scale =
+            _mm512_loadu_ps(x_scales + m * lanes_per_row + static_cast<std::size_t>(b) * 16);
+        total[r][m] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, x_scale), total[r][m]);
       }
     }
   }
@@ -399,7 +402,8 @@ void prepare_int_x(const uint16_t* x, int rows, int k, int16_t* xq, float* scale
     __m512i words[4];  // the block's 128 values as integers, in their order
     alignas(16) float group_scale[4];
     for (int t = 0; t < 4; ++t) {
-      const __m512 v0 = (__m512)load_bf16(x + base + 32 * t), v1 = (__m512)load_bf16(x + base + 32 * t + 16);
+      const __m512 v0 = (__m512)load_bf16(x + base + 32 * t);
+      const __m512 v1 = (__m512)load_bf16(x + base + 32 * t + 16);
       const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
       const bool finite = (_mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) |
                            _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ)) == 0;
@@ -407,7 +411,8 @@ void prepare_int_x(const uint16_t* x, int rows, int k, int16_t* xq, float* scale
       // A group of zeros, or one whose largest magnitude is under 1e-34 (where 32767 / top
       // would overflow), counts as zeros.
       const bool usable = finite && top >= 1e-34f;
-      const float step = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 32767.0f : 0.0f;
+      const float step =
+          !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 32767.0f : 0.0f;
       const __m512 inverse = _mm512_set1_ps(usable ? 32767.0f / top : 0.0f);
       group_scale[t] = step;
       const __m256i h0 = _mm512_cvtsepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inverse)));
@@ -422,8 +427,8 @@ void prepare_int_x(const uint16_t* x, int rows, int k, int16_t* xq, float* scale
       _mm512_storeu_si512(out + 32 * j, _mm512_mask_blend_epi16(0xFFFF0000u, low, high));
     }
     const __m512i lane_group = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    _mm512_storeu_ps(scales + base / 8,
-                     _mm512_permutexvar_ps(lane_group, _mm512_castps128_ps512(_mm_load_ps(group_scale))));
+    const __m512 four = _mm512_castps128_ps512(_mm_load_ps(group_scale));
+    _mm512_storeu_ps(scales + base / 8, _mm512_permutexvar_ps(lane_group, four));
   }
 }
 
@@ -572,7 +577,8 @@ inline void dot_row(const HalfArgs& a, int n, int m) {
   // a wait on memory.
   for (int page = 0; page < k_all; page += PAGE_VALUES) {
     for (int line = 0; line < 4; ++line)
-      _mm_prefetch(reinterpret_cast<const char*>(row + page + PAGE_VALUES) + 64 * line, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row + page + PAGE_VALUES) + 64 * line,
+                   _MM_HINT_T0);
     const int end = std::min(k_all, page + PAGE_VALUES);
     for (; k + 128 <= end; k += 128) {
       acc0 = _mm512_dpbf16_ps(acc0, (__m512bh)_mm512_loadu_si512(row + k),

@@ -183,8 +183,8 @@ GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int
 // bf16 x by 4-bit weights with bf16 scales: integer dot products in hardware.
 bool takes_nibble_dot(const Isa& isa, Scalar x_type, int bits, Scalar scale_type, int k,
                       int group_size) {
-  return isa.prepare_int_x != nullptr && x_type == Scalar::bf16 && bits == 4 && scale_type == Scalar::bf16 &&
-         k % 128 == 0 && group_size <= 128;
+  return isa.prepare_int_x != nullptr && x_type == Scalar::bf16 && bits == 4 &&
+         scale_type == Scalar::bf16 && k % 128 == 0 && group_size <= 128;
 }
 
 }  // namespace
