@@ -433,7 +433,7 @@ def worker_kernels(shape: dict[str, int], rotate_bytes: int, min_seconds: float)
             def call(ws: list[Any], x: Any, fmt: str = fmt) -> Any:
                 if fmt == "q4":
                     return kernels.quantized_matmul(x, ws[0], ws[1], ws[2], GROUP_SIZE, BITS)
-                return kernels.half_matmul(x, ws[0])
+                return kernels.dense_matmul(x, ws[0])
 
             for rows in rows_list:
                 x = mx.random.normal((rows, k), dtype=mx.bfloat16, key=mx.random.key(SEED + 1))

@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 QUANTIZED_BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
-HALF_TYPES = (mx.bfloat16, mx.float16)
 FLOAT_TYPES = (mx.float32, mx.bfloat16, mx.float16)
 SLOW_NOTE = (
     "MLX's own CPU kernels for quantized and 16-bit weights are scalar: 4-bit and bf16 models run "
@@ -120,11 +119,12 @@ def rms_norm(x: mx.array, w: mx.array, eps: float) -> mx.array:
     return cast(mx.array, module.rms_norm(x, w, eps))
 
 
-def half_matmul(x: mx.array, w: mx.array) -> mx.array:
-    """x @ w.T for a bfloat16 or float16 `w` through the extension (which must be available)."""
+def dense_matmul(x: mx.array, w: mx.array) -> mx.array:
+    """x @ w.T for a bfloat16, float16 or float32 `w` through the extension (which must be
+    available)."""
     module = extension()
     assert module is not None
-    return cast(mx.array, module.half_matmul(x, w))
+    return cast(mx.array, module.dense_matmul(x, w))
 
 
 def decode_attention(

@@ -1,5 +1,5 @@
 """Route a model's linears to the CPU kernels: mlx-lm's `QuantizedLinear`, `Linear` with 16-bit
-weights, `QuantizedEmbedding.as_linear` (a tied head) and the sharded linears that tensor
+or fp32 weights, `QuantizedEmbedding.as_linear` (a tied head) and the sharded linears that tensor
 parallelism uses; its `RMSNorm`s; and its rotary embeddings (`nn.RoPE` and mlx-lm's
 `Llama3RoPE`). Each routed layer gets a subclass of its own class whose
 forward pass calls the kernels; its weights and parameters are untouched, so loading, sharding
@@ -51,12 +51,12 @@ def _quantized_sharded_to_all(self: Any, x: mx.array) -> mx.array:
     return _with_bias(self, y)
 
 
-def _half_linear(self: Any, x: mx.array) -> mx.array:
-    return _with_bias(self, kernels.half_matmul(x, self["weight"]))
+def _dense_linear(self: Any, x: mx.array) -> mx.array:
+    return _with_bias(self, kernels.dense_matmul(x, self["weight"]))
 
 
-def _half_sharded_to_all(self: Any, x: mx.array) -> mx.array:
-    y = mx.distributed.all_sum(kernels.half_matmul(x, self["weight"]), group=self.group)
+def _dense_sharded_to_all(self: Any, x: mx.array) -> mx.array:
+    y = mx.distributed.all_sum(kernels.dense_matmul(x, self["weight"]), group=self.group)
     return _with_bias(self, y)
 
 
@@ -64,8 +64,8 @@ def _quantized_as_linear(self: Any, x: mx.array) -> mx.array:
     return _quantized_product(self, x)
 
 
-def _half_as_linear(self: Any, x: mx.array) -> mx.array:
-    return kernels.half_matmul(x, self["weight"])
+def _dense_as_linear(self: Any, x: mx.array) -> mx.array:
+    return kernels.dense_matmul(x, self["weight"])
 
 
 def _rms_norm(self: Any, x: mx.array) -> mx.array:
@@ -126,11 +126,11 @@ _QUANTIZED_FORWARD = {
     distributed.QuantizedShardedToAllLinear: ("__call__", _quantized_sharded_to_all),
     nn.QuantizedEmbedding: ("as_linear", _quantized_as_linear),
 }
-_HALF_FORWARD = {
-    nn.Linear: ("__call__", _half_linear),
-    distributed.AllToShardedLinear: ("__call__", _half_linear),
-    distributed.ShardedToAllLinear: ("__call__", _half_sharded_to_all),
-    nn.Embedding: ("as_linear", _half_as_linear),
+_DENSE_FORWARD = {
+    nn.Linear: ("__call__", _dense_linear),
+    distributed.AllToShardedLinear: ("__call__", _dense_linear),
+    distributed.ShardedToAllLinear: ("__call__", _dense_sharded_to_all),
+    nn.Embedding: ("as_linear", _dense_as_linear),
 }
 
 
@@ -240,8 +240,8 @@ def install(model: nn.Module) -> int:
         elif cls in _ROPE_FORWARD:
             layer.__class__ = _routed_class(cls, "__call__", _ROPE_FORWARD[cls])
             routed += 1
-        elif cls in _HALF_FORWARD and layer["weight"].dtype in kernels.HALF_TYPES:
-            method, forward = _HALF_FORWARD[cls]
+        elif cls in _DENSE_FORWARD and layer["weight"].dtype in kernels.FLOAT_TYPES:
+            method, forward = _DENSE_FORWARD[cls]
             layer.__class__ = _routed_class(cls, method, forward)
             routed += 1
     return routed

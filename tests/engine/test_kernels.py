@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from engine import kernels
 from engine.kernels import routing
 from engine.loading import load_model_sync
+from engine.models.locations import bundled_demo_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.describe())
@@ -191,12 +192,12 @@ def test_bf16_x_by_4_bits_matches_mlx(
     n=st.integers(1, 67),
     rows=st.one_of(st.integers(1, 8), st.integers(9, 300)),
     batch=st.sampled_from([(), (3,)]),
-    w_type=st.sampled_from([mx.bfloat16, mx.float16]),
+    w_type=st.sampled_from([mx.bfloat16, mx.float16, mx.float32]),
     x_type=st.sampled_from(FLOATS),
     strided=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_half_matmul_matches_mlx(
+def test_dense_matmul_matches_mlx(
     isa: str,
     k: int,
     n: int,
@@ -209,7 +210,7 @@ def test_half_matmul_matches_mlx(
 ) -> None:
     w = weights(n, k, seed).astype(w_type)
     x = mx.random.normal((*batch, rows, k), key=mx.random.key(seed + 1)).astype(x_type)
-    got = kernels.half_matmul(maybe_strided(x, strided), w)
+    got = kernels.dense_matmul(maybe_strided(x, strided), w)
     x32, w32 = x.astype(mx.float32), w.astype(mx.float32)
     out_type = promoted(x_type, w_type)
     assert got.dtype == out_type
@@ -260,7 +261,7 @@ def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
     dense[5, 17] = bad
     x = mx.random.normal((3, 128), key=mx.random.key(4))
     expected = x @ dense.astype(mx.float32).T
-    got = kernels.half_matmul(x, dense)
+    got = kernels.dense_matmul(x, dense)
     assert mx.array_equal(mx.isnan(got), mx.isnan(expected))
     assert mx.array_equal(mx.isinf(got), mx.isinf(expected))
     finite = mx.isfinite(expected)
@@ -547,8 +548,8 @@ def test_bad_arguments_are_refused_with_the_reason() -> None:
         kernels.quantized_matmul(x, w, scales, biases, 64, 3)
     with pytest.raises(ValueError, match="features"):
         kernels.quantized_matmul(mx.ones((1, 100)), w, scales, biases, 64, 4)
-    with pytest.raises(ValueError, match="bfloat16 or float16"):
-        kernels.half_matmul(x, mx.ones((8, 128)))
+    with pytest.raises(ValueError, match="bfloat16, float16 or float32"):
+        kernels.dense_matmul(x, mx.ones((8, 128), dtype=mx.int32))
 
 
 def test_an_instruction_set_the_cpu_lacks_is_never_chosen() -> None:
@@ -635,6 +636,24 @@ def test_a_model_gives_the_same_greedy_tokens_with_and_without_the_kernels(
     for got, expected in zip(logits, expected_logits, strict=True):
         scale = float(mx.max(mx.abs(expected)))
         assert float(mx.max(mx.abs(got - expected))) <= (5e-2 if "bf16" in name else 2e-2) * scale
+
+
+def test_the_fp32_demos_linears_run_on_the_kernels_with_the_same_greedy_tokens() -> None:
+    """fp32 weights (the bundled demo's) take the dense GEMV: its linears and tied head are
+    routed, and its greedy tokens are MLX's own, with logits within 1e-4 of the largest."""
+    loaded = load_model_sync(bundled_demo_dir())
+    kinds = {type(m).__name__ for _, m in loaded.model.named_modules()}
+    assert {"CpuLinear", "CpuEmbedding"} <= kinds
+    prompt = loaded.tokenizer.encode("hello, who are you and what can you do?")
+    tokens, logits = greedy_logits(loaded.model, prompt, 24)
+    routing.uninstall(loaded.model)
+    try:
+        expected_tokens, expected_logits = greedy_logits(loaded.model, prompt, 24)
+    finally:
+        routing.install(loaded.model)
+    assert tokens == expected_tokens
+    for got, expected in zip(logits, expected_logits, strict=True):
+        assert float(mx.max(mx.abs(got - expected))) <= 1e-4 * float(mx.max(mx.abs(expected)))
 
 
 def test_an_uncovered_quantization_runs_on_mlx_and_says_so_once(

@@ -26,7 +26,7 @@ NB_MODULE(_kernels, m) {
   m.def("quantized_matmul", &exo_kernels::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
         "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x @ dequantize(w, scales, biases).T for MLX's affine 4- and 8-bit weights");
-  m.def("half_matmul", &exo_kernels::half_matmul, "x"_a, "w"_a, nb::kw_only(),
+  m.def("dense_matmul", &exo_kernels::dense_matmul, "x"_a, "w"_a, nb::kw_only(),
         "stream"_a = nb::none(), "x @ w.T for bfloat16 or float16 weights");
   m.def("rms_norm", &exo_kernels::rms_norm, "x"_a, "w"_a, "eps"_a, nb::kw_only(),
         "stream"_a = nb::none(), "mx.fast.rms_norm(x, w, eps) for x and w of one float type");

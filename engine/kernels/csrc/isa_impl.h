@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -488,16 +489,36 @@ void quantized_dequantize(const QuantizedArgs& a, int n0, int n1, float* tile) {
   }
 }
 
+// A weight of type H as stored: 16 bits for bf16 and fp16, a float for fp32.
+template <typename H>
+using Stored = std::conditional_t<std::is_same_v<H, float>, float, uint16_t>;
+
+template <typename H>
+inline const Stored<H>* weight_rows(const HalfArgs& a) {
+  if constexpr (std::is_same_v<H, float>) return a.w32;
+  else return a.w;
+}
+template <typename H>
+inline vf load_weights(const Stored<H>* p) {
+  if constexpr (std::is_same_v<H, float>) return load(p);
+  else return load_half<H>(p);
+}
+template <typename H>
+inline float weight_to_float(Stored<H> v) {
+  if constexpr (std::is_same_v<H, float>) return v;
+  else return half_to_float<H>(v);
+}
+
 template <int MR, int NR, typename H>
 inline void half_block(const HalfArgs& a, int n, int m0) {
   const int k_all = a.k, k_vec = k_all - k_all % L;
   const float* x = a.x + static_cast<std::size_t>(m0) * k_all;
-  const uint16_t* rows[NR];
-  for (int r = 0; r < NR; ++r) rows[r] = a.w + static_cast<std::size_t>(n + r) * k_all;
+  const Stored<H>* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = weight_rows<H>(a) + static_cast<std::size_t>(n + r) * k_all;
   vf acc[NR][MR] = {};
   for (int k = 0; k < k_vec; k += L) {
     vf w[NR];
-    for (int r = 0; r < NR; ++r) w[r] = load_half<H>(rows[r] + k);
+    for (int r = 0; r < NR; ++r) w[r] = load_weights<H>(rows[r] + k);
     for (int m = 0; m < MR; ++m) {
       const vf xm = load(x + m * k_all + k);
       for (int r = 0; r < NR; ++r) acc[r][m] += w[r] * xm;
@@ -506,7 +527,7 @@ inline void half_block(const HalfArgs& a, int n, int m0) {
   for (int r = 0; r < NR; ++r) {
     for (int m = 0; m < MR; ++m) {
       float s = hsum(acc[r][m]);
-      for (int k = k_vec; k < k_all; ++k) s += x[m * k_all + k] * half_to_float<H>(rows[r][k]);
+      for (int k = k_vec; k < k_all; ++k) s += x[m * k_all + k] * weight_to_float<H>(rows[r][k]);
       a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n + r] = s;
     }
   }
@@ -522,9 +543,10 @@ inline void half_rows(const HalfArgs& a, int n0, int n1, int m0) {
 
 template <typename H>
 void half_gemv_typed(const HalfArgs& a, int n0, int n1) {
-  // 16-bit rows are 4x the bytes of 4-bit ones: a quarter as many fit the same L2 share.
-  for (int nb = n0; nb < n1; nb += WEIGHT_ROWS_PER_PASS / 4) {
-    const int ne = std::min(n1, nb + WEIGHT_ROWS_PER_PASS / 4);
+  // 16-bit rows are 4x the bytes of 4-bit ones (fp32 rows 8x): fewer fit the same L2 share.
+  constexpr int per_pass = WEIGHT_ROWS_PER_PASS / (2 * static_cast<int>(sizeof(Stored<H>)));
+  for (int nb = n0; nb < n1; nb += per_pass) {
+    const int ne = std::min(n1, nb + per_pass);
     row_blocks<LOOKUP_ROWS>(a.rows, [&]<int MR>(int m) { half_rows<MR, H>(a, nb, ne, m); });
   }
 }
@@ -621,6 +643,7 @@ void half_gemv(const HalfArgs& a, int n0, int n1) {
   }
 #endif
   if (a.w_type == Scalar::bf16) half_gemv_typed<bf16>(a, n0, n1);
+  else if (a.w_type == Scalar::f32) half_gemv_typed<float>(a, n0, n1);
   else half_gemv_typed<f16>(a, n0, n1);
 }
 

@@ -33,17 +33,18 @@ struct QuantizedArgs {
   const float* xq_scales = nullptr;
 };
 
-// out[m, n] = sum_k x[m, k] * w[n, k], with w in bf16 or fp16.
+// out[m, n] = sum_k x[m, k] * w[n, k], with w in bf16, fp16 or fp32 (w32).
 struct HalfArgs {
   const float* x;  // [M, k] fp32
   const uint16_t* x16;  // the same rows in bf16, where x is bf16 (else nullptr)
   int rows;
   int k;
   int n;
-  const uint16_t* w;  // [n, k]
+  const uint16_t* w;  // [n, k] where w_type is bf16 or fp16
   Scalar w_type;
   float* out;  // [M, ldo] fp32
   int ldo;
+  const float* w32 = nullptr;  // [n, k] where w_type is f32
 };
 
 // softmax(scale * q . k + mask) . v for each query row against every key, in fp32: decoding's

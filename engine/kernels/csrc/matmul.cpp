@@ -61,10 +61,10 @@ std::pair<int, int> share(int n, int parts, int part, int align) {
 
 constexpr int PARTS_PER_THREAD = 4;
 
-void gemv_parallel(int n, const std::function<void(int, int)>& rows) {
+void gemv_parallel(int n, std::size_t weight_bytes, const std::function<void(int, int)>& rows) {
   // Several parts a thread, taken as each thread comes free: a thread the OS takes off its
   // core (the API's threads, a client on the same cores) holds up only the part it is in.
-  const int parts = std::max(1, std::min(thread_count() * PARTS_PER_THREAD, (n + 3) / 4));
+  const int parts = work_parts(weight_bytes, std::min(thread_count() * PARTS_PER_THREAD, (n + 3) / 4));
   parallel_for(parts, [&](int part) {
     const auto [n0, n1] = share(n, parts, part, 4);
     if (n0 < n1) rows(n0, n1);
@@ -249,7 +249,8 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
                 groups, bias32, groups, 1.0f, out32, n);
     if (tiled < n) isa.quantized_gemv(args, tiled, n);
   } else if (rows <= gemv_max_rows || nibble_dot) {
-    gemv_parallel(n, [&](int n0, int n1) { isa.quantized_gemv(args, n0, n1); });
+    const std::size_t bytes = static_cast<std::size_t>(n) * (k * bits / 8 + groups * 4);
+    gemv_parallel(n, bytes, [&](int n0, int n1) { isa.quantized_gemv(args, n0, n1); });
   } else {
     tiled_gemm(px.prepared, rows, k, n, out32, [&](int n0, int n1, float* tile) {
       isa.quantized_dequantize(args, n0, n1, tile);
@@ -259,10 +260,27 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
 }
 
-void run_half_matmul(const void* x_in, Scalar x_type, int rows, int k, const uint16_t* w, Scalar w_type,
-                 int n, void* out, Scalar out_type) {
+void run_dense_matmul(const void* x_in, Scalar x_type, int rows, int k, const void* w_in,
+                      Scalar w_type, int n, void* out, Scalar out_type) {
   const Isa& isa = best_isa();
   Scratch& s = scratch();
+  if (w_type == Scalar::f32) {
+    // fp32 weights (the demo's): OpenBLAS packs the weights for every product of a few rows and
+    // hands tiny ones to its threads; as GEMVs each weight is read once, in place.
+    const float* x = as_f32(isa, x_in, x_type, static_cast<std::size_t>(rows) * k, s.x);
+    const float* w32 = static_cast<const float*>(w_in);
+    float* out32 = static_cast<float*>(out);  // fp32 by fp32 gives fp32
+    if (rows <= gemv_max_rows) {
+      HalfArgs args{x, nullptr, rows, k, n, nullptr, w_type, out32, n, w32};
+      gemv_parallel(n, static_cast<std::size_t>(n) * k * sizeof(float),
+                    [&](int n0, int n1) { isa.half_gemv(args, n0, n1); });
+    } else {
+      cblas_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, n, k, 1.0f, x, k, w32, k,
+                  0.0f, out32, n);
+    }
+    return;
+  }
+  const uint16_t* w = static_cast<const uint16_t*>(w_in);
   // bf16 by bf16 in hardware reads x as it is; every other path takes it in fp32.
   const bool dot = isa.bf16_dot && x_type == Scalar::bf16 && w_type == Scalar::bf16;
   // The dot products in hardware take any number of rows (faster than BLAS on widened tiles).
@@ -293,7 +311,8 @@ void run_half_matmul(const void* x_in, Scalar x_type, int rows, int k, const uin
   HalfArgs args{x, dot ? static_cast<const uint16_t*>(x_in) : nullptr, rows, k, n, w, w_type,
                 out32, n};
   if (gemv) {
-    gemv_parallel(n, [&](int n0, int n1) { isa.half_gemv(args, n0, n1); });
+    gemv_parallel(n, static_cast<std::size_t>(n) * k * 2,
+                  [&](int n0, int n1) { isa.half_gemv(args, n0, n1); });
   } else {
     tiled_gemm(x, rows, k, n, out32,
                [&](int n0, int n1, float* tile) { isa.half_widen(args, n0, n1, tile); });

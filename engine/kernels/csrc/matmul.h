@@ -13,9 +13,9 @@ void run_quantized_matmul(const void* x, Scalar x_type, int rows, int k, const u
                       const void* scales, const void* biases, Scalar scale_type, int n,
                       int group_size, int bits, void* out, Scalar out_type);
 
-// out[M, N] = x[M, K] @ w[N, K]^T with w in bf16 or fp16.
-void run_half_matmul(const void* x, Scalar x_type, int rows, int k, const uint16_t* w, Scalar w_type,
-                 int n, void* out, Scalar out_type);
+// out[M, N] = x[M, K] @ w[N, K]^T with w in bf16, fp16 or fp32.
+void run_dense_matmul(const void* x, Scalar x_type, int rows, int k, const void* w, Scalar w_type,
+                      int n, void* out, Scalar out_type);
 
 // Up to this many rows of x a product runs as GEMVs; past it, as BLAS on dequantized tiles.
 extern int gemv_max_rows;

@@ -82,9 +82,10 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
        mx::contiguous(biases, false, stream)});
 }
 
-mx::array half_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s) {
-  if (w.ndim() != 2 || (w.dtype() != mx::bfloat16 && w.dtype() != mx::float16))
-    throw std::invalid_argument("w must be a 2-D bfloat16 or float16 array");
+mx::array dense_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s) {
+  if (w.ndim() != 2 ||
+      (w.dtype() != mx::bfloat16 && w.dtype() != mx::float16 && w.dtype() != mx::float32))
+    throw std::invalid_argument("w must be a 2-D bfloat16, float16 or float32 array");
   if (x.ndim() < 1 || x.shape(-1) != w.shape(1)) {
     std::ostringstream message;
     message << "x's last dimension must equal w's " << w.shape(1);
@@ -93,7 +94,7 @@ mx::array half_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice
   scalar_of(x.dtype(), "x");
   mx::Stream stream = cpu_stream(s);
   const mx::Dtype out_type = mx::promote_types(x.dtype(), w.dtype());
-  return mx::array(with_last(x, w.shape(0)), out_type, std::make_shared<CpuHalfMatmul>(stream),
+  return mx::array(with_last(x, w.shape(0)), out_type, std::make_shared<CpuDenseMatmul>(stream),
                    {mx::contiguous(mx::astype(x, out_type, stream), false, stream),
                     mx::contiguous(w, false, stream)});
 }
@@ -130,7 +131,8 @@ void CpuLogSumExp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out
     if (rows == 0) return;
     const Isa& isa = best_isa();
     const Scalar type = scalar_of(x.dtype(), "x");
-    const int parts = static_cast<int>(std::min<long>(thread_count(), rows));
+    const std::size_t bytes = x.nbytes();
+    const int parts = work_parts(bytes, std::min<long>(thread_count(), rows));
     parallel_for(parts, [&](int part) {
       const long r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
       if (r0 < r1) isa.logsumexp_rows(x.data<void>(), type, n, r0, r1, out.data<void>());
@@ -260,7 +262,9 @@ void CpuDecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
     args.scale = scale;
     const Isa& isa = best_isa();
     const int items = args.batch * args.kv_heads;
-    const int parts = std::max(1, std::min(thread_count(), items));
+    const std::size_t bytes = static_cast<std::size_t>(items) * args.keys * args.dim * 2 *
+                              mx::size_of(q.dtype());
+    const int parts = work_parts(bytes, std::min(thread_count(), items));
     parallel_for(parts, [&](int part) {
       const int i0 = static_cast<int>(static_cast<long>(items) * part / parts);
       const int i1 = static_cast<int>(static_cast<long>(items) * (part + 1) / parts);
@@ -369,7 +373,7 @@ bool CpuQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   return group_size_ == o.group_size_ && bits_ == o.bits_;
 }
 
-void CpuHalfMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+void CpuDenseMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& x = inputs[0];
   const auto& w = inputs[1];
   auto& encoder = prepared_encoder(stream(), inputs, out);
@@ -379,13 +383,13 @@ void CpuHalfMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& ou
     const int k = x.shape(-1);
     const int rows = k == 0 ? 0 : static_cast<int>(x.size() / k);
     if (rows == 0 || n == 0) return;
-    run_half_matmul(x.data<void>(), scalar_of(x.dtype(), "x"), rows, k, w.data<uint16_t>(),
+    run_dense_matmul(x.data<void>(), scalar_of(x.dtype(), "x"), rows, k, w.data<void>(),
                 scalar_of(w.dtype(), "w"), n, out.data<void>(), scalar_of(out.dtype(), "out"));
   });
 }
 
-void CpuHalfMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("CpuHalfMatmul runs on the CPU only; use a matmul");
+void CpuDenseMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuDenseMatmul runs on the CPU only; use a matmul");
 }
 
 }  // namespace exo_kernels

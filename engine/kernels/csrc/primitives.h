@@ -17,7 +17,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                            mx::StreamOrDevice s = {});
 
 // x @ w.T with w in bf16 or fp16.
-mx::array half_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s = {});
+mx::array dense_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s = {});
 
 // mx.fast.rms_norm(x, w, eps) over the last axis, for x and w of one float type.
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s = {});
@@ -86,12 +86,12 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
   int bits_;
 };
 
-class CpuHalfMatmul : public mx::UnaryPrimitive {
+class CpuDenseMatmul : public mx::UnaryPrimitive {
  public:
-  explicit CpuHalfMatmul(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+  explicit CpuDenseMatmul(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  const char* name() const override { return "CpuHalfMatmul"; }
+  const char* name() const override { return "CpuDenseMatmul"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 

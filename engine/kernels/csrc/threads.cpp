@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -25,6 +26,9 @@ namespace {
 // A worker spins this many rounds for the next job before it sleeps: in a decoding step the
 // matmuls come tens of microseconds apart, and waking a sleeping thread costs about that much.
 constexpr int SPIN_ROUNDS = 20000;
+// Jobs that read less than this run on the calling thread alone. On two cores the decoding
+// step of a small model ran faster with every job on one thread (bench/batching.py).
+constexpr std::size_t MIN_PARALLEL_BYTES = 512 * 1024;
 
 int default_threads() {
   if (const char* env = std::getenv("EXO_TUI_KERNEL_THREADS")) {
@@ -155,6 +159,9 @@ Pool& pool() {
 
 void parallel_for(int parts, const std::function<void(int)>& body) { pool().run(parts, body); }
 int thread_count() { return pool().threads(); }
+int work_parts(std::size_t bytes, long most) {
+  return bytes < MIN_PARALLEL_BYTES ? 1 : static_cast<int>(std::max(1L, most));
+}
 void set_thread_count(int threads) { pool().resize(threads > 0 ? threads : 1); }
 
 }  // namespace exo_kernels

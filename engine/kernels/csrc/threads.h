@@ -1,6 +1,7 @@
 // A small pool that splits a kernel's output rows among the cores this process may use.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 
 namespace exo_kernels {
@@ -9,6 +10,9 @@ namespace exo_kernels {
 // thread takes a share. A call made while another call runs (a second MLX stream) runs inline.
 void parallel_for(int parts, const std::function<void(int)>& body);
 int thread_count();
+// How many parts (up to `most`) a job that reads `bytes` splits into: one below a size where
+// waking another thread costs more than it saves (the demo's every product, a norm's rows).
+int work_parts(std::size_t bytes, long most);
 void set_thread_count(int threads);
 
 }  // namespace exo_kernels
