@@ -28,7 +28,7 @@ namespace {
 constexpr int SPIN_ROUNDS = 20000;
 // Jobs that read less than this run on the calling thread alone. On two cores the decoding
 // step of a small model ran faster with every job on one thread (bench/batching.py).
-constexpr std::size_t MIN_PARALLEL_BYTES = 512 * 1024;
+constexpr std::size_t MIN_PARALLEL_BYTES = 384 * 1024;
 
 int default_threads() {
   if (const char* env = std::getenv("EXO_TUI_KERNEL_THREADS")) {
