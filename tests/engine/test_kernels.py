@@ -615,15 +615,23 @@ def greedy_logits(
     return tokens, logits
 
 
-@pytest.mark.parametrize("name", ["llama-q4-g64", "llama-q8-g128", "qwen3-q4-g32", "llama-bf16"])
+# How far the logits may move, as a share of the largest: bf16's activations round at every
+# layer, so that another order of accumulation moves them by a few bf16 steps (1/128 of the value
+# each); the fp32 demo's only by fp32 rounding.
+LOGITS_TOLERANCE = {"llama-bf16": 5e-2, "demo": 1e-4}
+
+
+@pytest.mark.parametrize(
+    "name", ["llama-q4-g64", "llama-q8-g128", "qwen3-q4-g32", "llama-bf16", "demo"]
+)
 def test_a_model_gives_the_same_greedy_tokens_with_and_without_the_kernels(
     kernel_models: dict[str, Path], name: str
 ) -> None:
     """The first 48 greedy tokens are identical, and the logits at every step agree within 2 % of
-    the largest logit (5 % for bf16, whose activations round at every layer, so that another order
-    of accumulation moves the logits by a few bf16 steps: 1/128 of the value each)."""
-    loaded = load_model_sync(kernel_models[name])
-    with_kernels = load_model_sync(kernel_models[name])
+    the largest logit (LOGITS_TOLERANCE where it says otherwise)."""
+    path = bundled_demo_dir() if name == "demo" else kernel_models[name]
+    loaded = load_model_sync(path)
+    with_kernels = load_model_sync(path)
     routed = sum(
         1 for _, m in with_kernels.model.named_modules() if type(m).__name__.startswith("Cpu")
     )
@@ -635,25 +643,15 @@ def test_a_model_gives_the_same_greedy_tokens_with_and_without_the_kernels(
     assert tokens == expected_tokens
     for got, expected in zip(logits, expected_logits, strict=True):
         scale = float(mx.max(mx.abs(expected)))
-        assert float(mx.max(mx.abs(got - expected))) <= (5e-2 if "bf16" in name else 2e-2) * scale
+        assert float(mx.max(mx.abs(got - expected))) <= LOGITS_TOLERANCE.get(name, 2e-2) * scale
 
 
-def test_the_fp32_demos_linears_run_on_the_kernels_with_the_same_greedy_tokens() -> None:
+def test_the_fp32_demos_linears_and_head_run_on_the_kernels() -> None:
     """fp32 weights (the bundled demo's) take the dense GEMV: its linears and tied head are
-    routed, and its greedy tokens are MLX's own, with logits within 1e-4 of the largest."""
+    routed (its tokens: the test below)."""
     loaded = load_model_sync(bundled_demo_dir())
     kinds = {type(m).__name__ for _, m in loaded.model.named_modules()}
     assert {"CpuLinear", "CpuEmbedding"} <= kinds
-    prompt = loaded.tokenizer.encode("hello, who are you and what can you do?")
-    tokens, logits = greedy_logits(loaded.model, prompt, 24)
-    routing.uninstall(loaded.model)
-    try:
-        expected_tokens, expected_logits = greedy_logits(loaded.model, prompt, 24)
-    finally:
-        routing.install(loaded.model)
-    assert tokens == expected_tokens
-    for got, expected in zip(logits, expected_logits, strict=True):
-        assert float(mx.max(mx.abs(got - expected))) <= 1e-4 * float(mx.max(mx.abs(expected)))
 
 
 def test_an_uncovered_quantization_runs_on_mlx_and_says_so_once(

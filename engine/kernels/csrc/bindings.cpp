@@ -27,7 +27,7 @@ NB_MODULE(_kernels, m) {
         "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x @ dequantize(w, scales, biases).T for MLX's affine 4- and 8-bit weights");
   m.def("dense_matmul", &exo_kernels::dense_matmul, "x"_a, "w"_a, nb::kw_only(),
-        "stream"_a = nb::none(), "x @ w.T for bfloat16 or float16 weights");
+        "stream"_a = nb::none(), "x @ w.T for bfloat16, float16 or float32 weights");
   m.def("rms_norm", &exo_kernels::rms_norm, "x"_a, "w"_a, "eps"_a, nb::kw_only(),
         "stream"_a = nb::none(), "mx.fast.rms_norm(x, w, eps) for x and w of one float type");
   m.def("rope", &exo_kernels::rope, "x"_a, "inv_freqs"_a, "offset"_a, "dims"_a, "traditional"_a,

@@ -264,23 +264,9 @@ void run_dense_matmul(const void* x_in, Scalar x_type, int rows, int k, const vo
                       Scalar w_type, int n, void* out, Scalar out_type) {
   const Isa& isa = best_isa();
   Scratch& s = scratch();
-  if (w_type == Scalar::f32) {
-    // fp32 weights (the demo's): OpenBLAS packs the weights for every product of a few rows and
-    // hands tiny ones to its threads; as GEMVs each weight is read once, in place.
-    const float* x = as_f32(isa, x_in, x_type, static_cast<std::size_t>(rows) * k, s.x);
-    const float* w32 = static_cast<const float*>(w_in);
-    float* out32 = static_cast<float*>(out);  // fp32 by fp32 gives fp32
-    if (rows <= gemv_max_rows) {
-      HalfArgs args{x, nullptr, rows, k, n, nullptr, w_type, out32, n, w32};
-      gemv_parallel(n, static_cast<std::size_t>(n) * k * sizeof(float),
-                    [&](int n0, int n1) { isa.half_gemv(args, n0, n1); });
-    } else {
-      cblas_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, n, k, 1.0f, x, k, w32, k,
-                  0.0f, out32, n);
-    }
-    return;
-  }
-  const uint16_t* w = static_cast<const uint16_t*>(w_in);
+  const bool f32 = w_type == Scalar::f32;
+  const uint16_t* w = f32 ? nullptr : static_cast<const uint16_t*>(w_in);
+  const float* w32 = f32 ? static_cast<const float*>(w_in) : nullptr;
   // bf16 by bf16 in hardware reads x as it is; every other path takes it in fp32.
   const bool dot = isa.bf16_dot && x_type == Scalar::bf16 && w_type == Scalar::bf16;
   // The dot products in hardware take any number of rows (faster than BLAS on widened tiles).
@@ -309,10 +295,15 @@ void run_dense_matmul(const void* x_in, Scalar x_type, int rows, int k, const vo
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   HalfArgs args{x, dot ? static_cast<const uint16_t*>(x_in) : nullptr, rows, k, n, w, w_type,
-                out32, n};
+                out32, n, w32};
+  // fp32 weights (the demo's) take the GEMV too: OpenBLAS packed the weights for every product
+  // of a few rows and handed tiny ones to its threads; here each weight is read once, in place.
   if (gemv) {
-    gemv_parallel(n, static_cast<std::size_t>(n) * k * 2,
+    gemv_parallel(n, static_cast<std::size_t>(n) * k * (f32 ? 4 : 2),
                   [&](int n0, int n1) { isa.half_gemv(args, n0, n1); });
+  } else if (f32) {  // already fp32: no tile to widen
+    cblas_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, n, k, 1.0f, x, k, w32, k,
+                0.0f, out32, n);
   } else {
     tiled_gemm(x, rows, k, n, out32,
                [&](int n0, int n1, float* tile) { isa.half_widen(args, n0, n1, tile); });

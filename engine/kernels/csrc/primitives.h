@@ -16,7 +16,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                            const mx::array& biases, int group_size, int bits,
                            mx::StreamOrDevice s = {});
 
-// x @ w.T with w in bf16 or fp16.
+// x @ w.T with w in bf16, fp16 or fp32.
 mx::array dense_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s = {});
 
 // mx.fast.rms_norm(x, w, eps) over the last axis, for x and w of one float type.

@@ -11,7 +11,7 @@ namespace exo_kernels {
 void parallel_for(int parts, const std::function<void(int)>& body);
 int thread_count();
 // How many parts (up to `most`) a job that reads `bytes` splits into: one below a size where
-// waking another thread costs more than it saves (the demo's every product, a norm's rows).
+// waking another thread costs more than it saves (a small model's products, one row's attention).
 int work_parts(std::size_t bytes, long most);
 void set_thread_count(int threads);
 
