@@ -4,9 +4,10 @@ Tolerance: the kernels accumulate in fp32 in another order than MLX, so an outpu
 MLX's product computed in fp32 by 1e-5 of the sum of |x_k * w_k| over its dot product, plus the
 rounding of the output type (2^-8 of the value for bfloat16, 2^-11 for float16, and float16's
 subnormal spacing, 2^-24). Where bf16 x meets 4-bit weights on AVX512-BF16, the GEMV takes x as
-16-bit integers, each 32 values scaled by their largest magnitude: each value may move by half a
-step, a 65534th of that magnitude (128 times less than bf16's own rounding of a value at the
-top of its group), so the tolerance adds the sum of |w_k| times each half step.
+integers, each block scaled by its largest magnitude: for one row 16-bit ones, blocks of 32 (half
+a step is a 65534th of that magnitude, 128 times less than bf16's own rounding of a value at the
+top of its block); for several rows 8-bit ones, blocks of 64 (a 254th, as llama.cpp rounds x).
+Each value may move by half a step, so the tolerance adds the sum of |w_k| times each half step.
 """
 # pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
 
@@ -90,14 +91,18 @@ def assert_close(
 
 
 def integer_x_rounding(isa: str, x32: mx.array, dense: mx.array) -> mx.array | float:
-    """The most that x's 16-bit integers (bf16 x by 4-bit weights on AVX512-BF16) move each
-    output: the sum over k of |w_k| times half of x_k's step, its 32 values' largest magnitude
-    / 32767. 0 on the other instruction sets, which take x as it is."""
+    """The most that x's integers (bf16 x by 4-bit weights on AVX512-BF16) move each output: the
+    sum over k of |w_k| times half of x_k's step. One row of x (or k not a multiple of 256)
+    takes 16-bit integers, a step the largest magnitude of its 32 values / 32767; several rows
+    take 8-bit ones, a step the largest of its 64 values / 127. 0 on the other instruction
+    sets, which take x as it is."""
     if not isa.startswith("avx512bf16"):
         return 0.0
     k = x32.shape[-1]
-    groups = mx.max(mx.abs(x32.reshape(-1, k // 32, 32)), axis=-1) / 32767 / 2
-    half_steps = mx.repeat(groups, 32, axis=-1).reshape(x32.shape)
+    rows = x32.size // k
+    block, top = (64, 127) if rows >= ext().int8_min_rows() and k % 256 == 0 else (32, 32767)
+    groups = mx.max(mx.abs(x32.reshape(-1, k // block, block)), axis=-1) / top / 2
+    half_steps = mx.repeat(groups, block, axis=-1).reshape(x32.shape)
     return half_steps @ mx.abs(dense).T
 
 
@@ -182,6 +187,24 @@ def test_bf16_x_by_4_bits_matches_mlx(
     dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size, 4)
     x32 = x.astype(mx.float32)
     assert got.dtype == mx.bfloat16
+    rounding = integer_x_rounding(isa, x32, dense)
+    assert_close(got, x32 @ dense.T, mx.abs(x32) @ mx.abs(dense).T, mx.bfloat16, rounding)
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize(("rows", "k"), [(2, 2304), (8, 8192), (9, 4352), (16, 2560)])
+def test_several_rows_by_4_bits_across_passes_of_x(
+    isa: str, group_size: int, rows: int, k: int
+) -> None:
+    """Several rows of bf16 x by 4-bit weights with k past one pass of the 8-bit GEMV's x (2048
+    values), a last pass shorter than the others, and 8 rows at once (their sums reduced
+    together) or not."""
+    w, scales, biases = mx.quantize(weights(37, k, k), group_size=group_size, bits=4)
+    scales, biases = scales.astype(mx.bfloat16), biases.astype(mx.bfloat16)
+    x = mx.random.normal((rows, k), key=mx.random.key(rows)).astype(mx.bfloat16)
+    got = kernels.quantized_matmul(x, w, scales, biases, group_size, 4)
+    dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size, 4)
+    x32 = x.astype(mx.float32)
     rounding = integer_x_rounding(isa, x32, dense)
     assert_close(got, x32 @ dense.T, mx.abs(x32) @ mx.abs(dense).T, mx.bfloat16, rounding)
 

@@ -53,6 +53,8 @@ NB_MODULE(_kernels, m) {
   m.def("set_amx_min_rows", [](int rows) { exo_kernels::amx_min_rows = rows; }, "rows"_a);
   m.def("set_amx_small_min_rows", [](int rows) { exo_kernels::amx_small_min_rows = rows; },
         "rows"_a);
+  m.def("int8_min_rows", [] { return exo_kernels::int8_min_rows; });
+  m.def("set_int8_min_rows", [](int rows) { exo_kernels::int8_min_rows = rows; }, "rows"_a);
   m.def("threads", &exo_kernels::thread_count);
   m.def("set_threads", &exo_kernels::set_thread_count, "threads"_a);
   m.def("gemv_max_rows", [] { return exo_kernels::gemv_max_rows; });

@@ -433,6 +433,243 @@ void prepare_int_x(const uint16_t* x, int rows, int k, int16_t* xq, float* scale
   }
 }
 
+// x for several rows (batched decoding, prefill) as 8-bit integers, for vpdpbusd: it multiplies
+// 64 unsigned bytes (the nibbles, unpacked by a mask, or a shift and a mask) by 64 signed bytes
+// and adds each 4 into a 32-bit lane, exactly: twice the products of vpdpwssd an instruction.
+// With several rows of x the GEMV is bound by its instructions, not by memory: per lane of sums
+// it also takes a conversion, a multiply (the weights' scale by x's) and an FMA, so the more
+// products a lane adds before them the better. Here a lane adds 16 (4 vpdpbusd), all of one
+// group of 64 of the weights (see nibble_dot8_block), and x is scaled per 64 values: each 64
+// by their largest magnitude to at most 127, rounded to the nearest integer (a value is off by
+// at most max / 254), as llama.cpp's Q8 formats round x (blocks of 32 in Q8_0, 256 in Q8_K).
+//
+// Layout, per 256 values (two blocks of 128, b0 and b1; in a block, chunk t holds values
+// 32t..32t+31, its even values the low nibbles of packed bytes 16t..16t+15, its odd ones their
+// high nibbles): four vectors of 64 bytes, X0 = the even values of chunks (b0 t0, b0 t2, b1 t0,
+// b1 t2), X1 = the even values of (b0 t1, b0 t3, b1 t1, b1 t3), X2 and X3 the odd values of the
+// same. The 16-byte part p of each belongs to group (of 64) p of the 256 values. The 16 floats
+// after them (see int8_x_offset) are the step of each lane of the sums, lane l that of group l / 4
+// (NaN where one of its values is not finite, so that the output is too and is computed again
+// the MLX way). `sums`
+// gets each 32 values' sum as rounded (the integers' sum times their step), for the biases'
+// term: with x's own sums there, each output would move by the rounding of x times scale * q,
+// which is larger than the weight, scale * q + bias, itself (about 3x, measured).
+void prepare_int8_x(const uint16_t* x, int rows, int k, int8_t* xq, float* sums) {
+  const std::size_t count = static_cast<std::size_t>(rows) * k;
+  const __m512 largest = _mm512_set1_ps(3.4028235e38f);
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (std::size_t base = 0; base < count; base += 256) {
+    int8_t* step_out = xq + int8_x_offset(rows, k, static_cast<int>(base / k),
+                                          static_cast<int>(base % k / 256));
+    alignas(16) float group_step[4];
+    for (int group = 0; group < 4; ++group) {
+      // Group p: chunks t0, t1 (p even) or t2, t3 (p odd) of block p / 2.
+      const int block = group / 2, first = 2 * (group % 2);
+      __m512 even[2], odd[2];
+      __m512 top = _mm512_setzero_ps();
+      bool finite = true;
+      for (int i = 0; i < 2; ++i) {
+        // 32 bf16 values as 16 pairs: a pair's even value in its low half, its odd in its high.
+        const __m512i pairs = _mm512_loadu_si512(x + base + 128 * block + 32 * (first + i));
+        even[i] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+        odd[i] = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half));
+        const __m512 a0 = _mm512_abs_ps(even[i]), a1 = _mm512_abs_ps(odd[i]);
+        finite = finite && (_mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) |
+                            _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ)) == 0;
+        top = _mm512_max_ps(top, _mm512_max_ps(a0, a1));
+      }
+      const float largest_value = _mm512_reduce_max_ps(top);
+      // As prepare_int_x: under 1e-34, 127 / top could overflow, and such a group counts as 0.
+      const bool usable = finite && largest_value >= 1e-34f;
+      const float step = !finite ? std::numeric_limits<float>::quiet_NaN()
+                         : usable ? largest_value / 127.0f
+                                  : 0.0f;
+      group_step[group] = step;
+      const __m512 inverse = _mm512_set1_ps(usable ? 127.0f / largest_value : 0.0f);
+      for (int i = 0; i < 2; ++i) {
+        const __m512i even_q = _mm512_cvtps_epi32(_mm512_mul_ps(even[i], inverse));
+        const __m512i odd_q = _mm512_cvtps_epi32(_mm512_mul_ps(odd[i], inverse));
+        sums[(base + 128 * block) / 32 + first + i] =
+            static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(even_q, odd_q))) * step;
+        int8_t* out = step_out + 16 * group;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 64 * i), _mm512_cvtsepi32_epi8(even_q));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 128 + 64 * i),
+                         _mm512_cvtsepi32_epi8(odd_q));
+      }
+    }
+    const __m512i lane_group = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512 four = _mm512_castps128_ps512(_mm_load_ps(group_step));
+    _mm512_storeu_ps(reinterpret_cast<float*>(step_out + 256),
+                     _mm512_permutexvar_ps(lane_group, four));
+  }
+}
+
+// The weights' scales of 256 values, for the lanes of nibble_dot8_block's sums: lane l covers
+// group (of 64) l / 4. For groups of 32, `second` picks the second 32 of each 64 (the sums of
+// X1 and X3), else the first (X0 and X2).
+template <int GS>
+inline __m512 scales_of_256(const uint16_t* scales, int block, bool second = false) {
+  __m512i index;
+  __m512i words;
+  if constexpr (GS == 128) {  // two groups, each two parts
+    uint32_t two;
+    std::memcpy(&two, scales + 2 * block, 4);
+    words = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(_mm_cvtsi32_si128(static_cast<int>(two))));
+    index = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  } else if constexpr (GS == 64) {
+    words = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + 4 * block))));
+    index = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  } else {  // 32: eight groups, the first or second of each 64
+    words = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 8 * block))));
+    index = second ? _mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1)
+                   : _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+  }
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_permutexvar_epi32(index, words), 16));
+}
+
+// Lane i of the result: the sum of the lanes of v[i], for 8 or 16 vectors (a transposing tree:
+// about 3 instructions an output where a reduction of each takes about 8).
+template <int N>
+inline __m512 sum_each(const __m512* v) {
+  static_assert(N == 8 || N == 16);
+  __m512 pairs[N / 2], quads[N / 4];
+  for (int i = 0; i < N / 2; ++i)  // a chunk: halves of v[2i] and v[2i+1], interleaved
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < N / 4; ++i) {  // a chunk: lane j the chunk's sum of v[4i + j]
+    const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+    quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  if constexpr (N == 8) {
+    // Chunks (q0 c0+c1, q0 c2+c3, q1 c0+c1, q1 c2+c3), then each pair of chunks added.
+    const __m512 halves = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                                        _mm512_shuffle_f32x4(quads[0], quads[1], 0xDD));
+    const __m512 total = _mm512_add_ps(halves, _mm512_shuffle_f32x4(halves, halves, 0xB1));
+    // Chunks 0 and 2 hold v[0..3] and v[4..7]: bring them together.
+    return _mm512_shuffle_f32x4(total, total, 0x08);
+  } else {
+    __m512 halves[2];
+    for (int i = 0; i < 2; ++i)
+      halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0x88),
+                                _mm512_shuffle_f32x4(quads[2 * i], quads[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], 0x88),
+                         _mm512_shuffle_f32x4(halves[0], halves[1], 0xDD));
+  }
+}
+
+// One weight row against MR rows of x (prepare_int8_x's), 256 values at a time: the row's 128
+// packed bytes are unpacked once for all MR rows (a mask for the low nibbles, a shift and a
+// mask for the high ones) and their 16-byte parts regrouped to X0..X3's order (4 shuffles);
+// then each row of x takes 4 vpdpbusd, a conversion, a multiply and an FMA.
+// Only the 256-value steps [sb0, sb1) of the row: the first range writes its outputs, and the
+// biases' term, the others add to them.
+template <int MR, int GS>
+inline void nibble_dot8_row(const QuantizedArgs& a, int n, int m0, int sb0, int sb1) {
+  const int k_all = a.k, groups = k_all / GS;
+  const std::size_t row_bytes = static_cast<std::size_t>(k_all) / 2;
+  // This pass's steps of rows m0.. of x (see int8_x_offset).
+  const std::size_t x_stride = static_cast<std::size_t>(sb1 - sb0) * INT8_STEP_BYTES;
+  const int8_t* x = a.xq8 + int8_x_offset(a.rows, k_all, m0, sb0);
+  const float* xsum = a.xsum + static_cast<std::size_t>(m0) * groups;
+  const std::size_t row_at = static_cast<std::size_t>(n);
+  const uint8_t* row = reinterpret_cast<const uint8_t*>(a.w) + row_at * row_bytes;
+  const uint16_t* scales = static_cast<const uint16_t*>(a.scales) + row_at * groups;
+  const uint16_t* biases = static_cast<const uint16_t*>(a.biases) + row_at * groups;
+  const __m512i nibble = _mm512_set1_epi8(15);
+  __m512 total[MR];
+  for (int m = 0; m < MR; ++m) total[m] = _mm512_setzero_ps();
+  for (int sb = sb0; sb < sb1; ++sb) {
+    const uint8_t* bytes = row + static_cast<std::size_t>(sb) * 128;
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + 4 * row_bytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bytes) + 4 * row_bytes + 64, _MM_HINT_T0);
+    const __m512i w0 = _mm512_loadu_si512(bytes), w1 = _mm512_loadu_si512(bytes + 64);
+    const __m512i lo0 = _mm512_and_si512(w0, nibble), lo1 = _mm512_and_si512(w1, nibble);
+    const __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(w0, 4), nibble);
+    const __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(w1, 4), nibble);
+    // Parts (0, 2) and (1, 3) of each block: X0..X3's order.
+    const __m512i v0 = _mm512_shuffle_i32x4(lo0, lo1, 0x88);
+    const __m512i v1 = _mm512_shuffle_i32x4(lo0, lo1, 0xDD);
+    const __m512i v2 = _mm512_shuffle_i32x4(hi0, hi1, 0x88);
+    const __m512i v3 = _mm512_shuffle_i32x4(hi0, hi1, 0xDD);
+    if constexpr (GS == 32) {  // the first 32 and the second 32 of each 64 have scales of their own
+      const __m512 first = scales_of_256<GS>(scales, sb, false);
+      const __m512 second = scales_of_256<GS>(scales, sb, true);
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* xb = x + m * x_stride + static_cast<std::size_t>(sb - sb0) * INT8_STEP_BYTES;
+        const __m512 x_scale = _mm512_loadu_ps(reinterpret_cast<const float*>(xb + 256));
+        const __m512i s0 = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), v0, _mm512_loadu_si512(xb)), v2,
+            _mm512_loadu_si512(xb + 128));
+        const __m512i s1 = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), v1, _mm512_loadu_si512(xb + 64)), v3,
+            _mm512_loadu_si512(xb + 192));
+        total[m] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), _mm512_mul_ps(first, x_scale), total[m]);
+        total[m] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), _mm512_mul_ps(second, x_scale), total[m]);
+      }
+    } else {
+      const __m512 scale = scales_of_256<GS>(scales, sb);
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* xb = x + m * x_stride + static_cast<std::size_t>(sb - sb0) * INT8_STEP_BYTES;
+        __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v0, _mm512_loadu_si512(xb));
+        sum = _mm512_dpbusd_epi32(sum, v1, _mm512_loadu_si512(xb + 64));
+        sum = _mm512_dpbusd_epi32(sum, v2, _mm512_loadu_si512(xb + 128));
+        sum = _mm512_dpbusd_epi32(sum, v3, _mm512_loadu_si512(xb + 192));
+        const __m512 x_scale = _mm512_loadu_ps(reinterpret_cast<const float*>(xb + 256));
+        total[m] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, x_scale), total[m]);
+      }
+    }
+  }
+  // The biases' term, sum over groups of bias * sum of x, into the same lanes.
+  for (int g = 0; g < (sb0 == 0 ? groups : 0); g += 16) {
+    const __mmask16 live = groups - g >= 16 ? __mmask16{0xFFFF}
+                                            : static_cast<__mmask16>((1u << (groups - g)) - 1);
+    const __m512 bias = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(live, biases + g)), 16));
+    for (int m = 0; m < MR; ++m)
+      total[m] = _mm512_fmadd_ps(
+          bias, _mm512_maskz_loadu_ps(live, xsum + static_cast<std::size_t>(m) * groups + g),
+          total[m]);
+  }
+  if constexpr (MR == 8) {
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, sum_each<8>(total));
+    for (int m = 0; m < MR; ++m) {
+      float& out = a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n];
+      out = sb0 == 0 ? sums[m] : out + sums[m];
+    }
+  } else {
+    for (int m = 0; m < MR; ++m) {
+      float& out = a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n];
+      const float sum = _mm512_reduce_add_ps(total[m]);
+      out = sb0 == 0 ? sum : out + sum;
+    }
+  }
+}
+
+// Rows of x nibble_dot8_row carries in registers at once: 8 accumulators, 4 regrouped weight
+// vectors, 4 of x and the scales fit the 32 registers.
+constexpr int INT8_ROWS = 8;
+
+template <int GS>
+void nibble_dot8_gemv(const QuantizedArgs& a, int n0, int n1) {
+  const int supers = a.k / 256;
+  for (int nb = n0; nb < n1; nb += WEIGHT_ROWS_PER_PASS) {
+    const int ne = std::min(n1, nb + WEIGHT_ROWS_PER_PASS);
+    for (int sb = 0; sb < supers; sb += INT8_STEPS_PER_PASS) {
+      const int se = std::min(supers, sb + INT8_STEPS_PER_PASS);
+      row_blocks<INT8_ROWS>(a.rows, [&]<int MR>(int m) {
+        for (int n = nb; n < ne; ++n) nibble_dot8_row<MR, GS>(a, n, m, sb, se);
+      });
+    }
+  }
+}
+
 // A row shorter than this many bytes shares a memory page with the next rows.
 constexpr std::size_t PAGE_BYTES = 4096;
 
@@ -457,6 +694,11 @@ void nibble_dot_gemv(const QuantizedArgs& a, int n0, int n1) {
 
 void quantized_gemv(const QuantizedArgs& a, int n0, int n1) {
 #if defined(EXO_BF16_DOT)
+  if (a.xq8 != nullptr) {
+    if (a.group_size == 32) return nibble_dot8_gemv<32>(a, n0, n1);
+    if (a.group_size == 64) return nibble_dot8_gemv<64>(a, n0, n1);
+    return nibble_dot8_gemv<128>(a, n0, n1);
+  }
   if (a.xq != nullptr) {
     if (a.group_size == 32) return nibble_dot_gemv<32>(a, n0, n1);
     if (a.group_size == 64) return nibble_dot_gemv<64>(a, n0, n1);
@@ -714,7 +956,9 @@ const Isa ISA_TABLE = {
     ISA_NS::quantized_gemv,
 #if defined(EXO_BF16_DOT)
     ISA_NS::prepare_int_x,
+    ISA_NS::prepare_int8_x,
 #else
+    nullptr,
     nullptr,
 #endif
     ISA_NS::half_gemv,

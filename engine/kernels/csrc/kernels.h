@@ -31,7 +31,27 @@ struct QuantizedArgs {
   // integer dot products in hardware. Otherwise nullptr.
   const int16_t* xq = nullptr;
   const float* xq_scales = nullptr;
+  // Or, for several rows of x, x as 8-bit integers with their steps (see prepare_int8_x), laid
+  // out as int8_x_offset says.
+  const int8_t* xq8 = nullptr;
 };
+
+// 8-bit x, 256 values a step: each step's 256 bytes of integers, then its 16 floats (the step of
+// each lane), 320 bytes. The GEMV takes the steps INT8_STEPS_PER_PASS at a time (x of several
+// rows then stays in the L1 cache while the weight rows pass over it), so each pass of steps is
+// stored whole, row after row: the rows' bytes fill the cache's sets evenly. (With each row's
+// steps together, rows 8 KiB apart fell in the same sets, and the GEMV ran at half its speed.)
+constexpr int INT8_STEP_BYTES = 320;
+constexpr int INT8_STEPS_PER_PASS = 8;
+inline std::size_t int8_x_offset(int rows, int k, int m, int step) {
+  const int steps = k / 256, first = step - step % INT8_STEPS_PER_PASS;
+  const int in_pass = steps - first < INT8_STEPS_PER_PASS ? steps - first : INT8_STEPS_PER_PASS;
+  return (static_cast<std::size_t>(first) * rows + static_cast<std::size_t>(m) * in_pass +
+          static_cast<std::size_t>(step - first)) * INT8_STEP_BYTES;
+}
+inline std::size_t int8_x_bytes(int rows, int k) {
+  return static_cast<std::size_t>(rows) * (k / 256) * INT8_STEP_BYTES;
+}
 
 // out[m, n] = sum_k x[m, k] * w[n, k], with w in bf16, fp16 or fp32 (w32).
 struct HalfArgs {
@@ -76,6 +96,11 @@ struct Isa {
   // bf16 x (rows of k values, k a multiple of 128) as quantized_gemv's xq and xq_scales take it:
   // k values and k / 8 scales a row. nullptr where the table has no integer dot products.
   void (*prepare_int_x)(const uint16_t* x, int rows, int k, int16_t* xq, float* scales);
+  // The same for several rows of x (k a multiple of 256), as 8-bit integers: twice the
+  // products an instruction, with a coarser rounding of x (see isa_impl.h); int8_x_bytes(rows,
+  // k) of them, and each 32 values' sum as rounded (k / 32 a row). nullptr where prepare_int_x
+  // is.
+  void (*prepare_int8_x)(const uint16_t* x, int rows, int k, int8_t* xq, float* sums);
   void (*half_gemv)(const HalfArgs&, int n0, int n1);
   // Weight rows [n0, n1) as fp32, row-major into `tile` (row n0 first), for BLAS.
   void (*quantized_dequantize)(const QuantizedArgs&, int n0, int n1, float* tile);

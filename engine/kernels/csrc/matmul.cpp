@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "amx.h"
@@ -18,6 +19,7 @@ namespace exo_kernels {
 int gemv_max_rows = 96;
 int amx_min_rows = 16;
 int amx_small_min_rows = 3;
+int int8_min_rows = 2;
 
 namespace {
 
@@ -28,9 +30,10 @@ constexpr std::size_t TILE_FLOATS = std::size_t{1} << 20;
 
 // Buffers kept per thread between calls, so a decoding step allocates nothing.
 struct Scratch {
-  std::vector<float> x, prepared, sums, out, tile, bias;
+  std::vector<float> x, prepared, sums, sums32, out, tile, bias;
   std::vector<uint16_t> tiles_x;
   std::vector<int16_t> int_x;
+  std::vector<int8_t> int8_x;
   std::vector<float> xsum_t, int_x_scales;
 };
 Scratch& scratch() {
@@ -133,7 +136,8 @@ namespace {
 struct GemvX {
   const float* x;         // fp32, as it came
   const float* prepared;  // fp32, each 4-bit chunk's even values then its odd ones
-  const int16_t* xq;      // integers in nibble order (nullptr: the fp32 path)
+  const int16_t* xq;      // 16-bit integers in nibble order (nullptr: another path)
+  const int8_t* xq8;      // or 8-bit ones, for several rows
   const float* xq_scales;
   const float* sums;      // [rows, groups]
 };
@@ -142,11 +146,32 @@ struct GemvX {
 GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int rows, int k,
                 int group_size, int bits, bool nibble_dot, bool layout) {
   const std::size_t x_count = static_cast<std::size_t>(rows) * k;
-  GemvX out{as_f32(isa, x_in, x_type, x_count, s.x), nullptr, nullptr, nullptr, nullptr};
+  GemvX out{as_f32(isa, x_in, x_type, x_count, s.x), nullptr, nullptr, nullptr, nullptr, nullptr};
   out.prepared = out.x;
   // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
   // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
   // order, so the dot products are unchanged.
+  const int groups = k / group_size;
+  float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
+  out.sums = sums;
+  // 8-bit integers take x 256 values at a time.
+  if (nibble_dot && layout && rows >= int8_min_rows && k % 256 == 0) {
+    // On a 64-byte line: each 64-byte load then reads one line, not parts of two.
+    s.int8_x.resize(std::max(s.int8_x.size(), int8_x_bytes(rows, k) + 64));
+    const auto address = reinterpret_cast<std::uintptr_t>(s.int8_x.data());
+    int8_t* xq = s.int8_x.data() + (64 - address % 64) % 64;
+    float* sums32 = sized(s.sums32, x_count / 32);
+    isa.prepare_int8_x(static_cast<const uint16_t*>(x_in), rows, k, xq, sums32);
+    out.xq8 = xq;
+    // The biases' term takes the sums of x as rounded (see prepare_int8_x).
+    const int per_group = group_size / 32;
+    for (std::size_t g = 0; g < static_cast<std::size_t>(rows) * groups; ++g) {
+      float total = 0.0f;
+      for (int i = 0; i < per_group; ++i) total += sums32[g * per_group + i];
+      sums[g] = total;
+    }
+    return out;
+  }
   if (nibble_dot && layout) {
     s.int_x.resize(std::max(s.int_x.size(), x_count));
     float* scales = sized(s.int_x_scales, x_count / 8);
@@ -163,8 +188,6 @@ GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int
       }
     out.prepared = p;
   }
-  const int groups = k / group_size;
-  float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
   for (int m = 0; m < rows; ++m)
     for (int g = 0; g < groups; ++g) {
       // 16 partial sums: one chain of additions would wait on each add in turn.
@@ -176,7 +199,6 @@ GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int
       for (float lane : lanes) total += lane;
       sums[m * groups + g] = total;
     }
-  out.sums = sums;
   return out;
 }
 
@@ -211,7 +233,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   QuantizedArgs args{px.prepared, px.sums, rows, k, n, w, scales, biases, scale_type, group_size,
-                     bits, out32, n, px.xq, px.xq_scales};
+                     bits, out32, n, px.xq, px.xq_scales, px.xq8};
   if (small_tiles) {
     s.tiles_x.resize(std::max(s.tiles_x.size(), amx_small_x_size(k, rows)));
     amx_prepare_small_x(static_cast<const uint16_t*>(x_in), rows, k, s.tiles_x.data());

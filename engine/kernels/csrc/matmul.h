@@ -23,5 +23,8 @@ extern int gemv_max_rows;
 extern int amx_min_rows;
 // From this many rows of x (up to AMX_SMALL_MAX_ROWS), 4-bit products run on AMX tiles too.
 extern int amx_small_min_rows;
+// From this many rows of x, bf16 by 4-bit dot products in hardware take x as 8-bit integers
+// (twice the products an instruction) rather than 16-bit ones.
+extern int int8_min_rows;
 
 }  // namespace exo_kernels
