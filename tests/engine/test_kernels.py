@@ -289,18 +289,22 @@ def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
     assert mx.array_equal(mx.isinf(got), mx.isinf(expected))
     finite = mx.isfinite(expected)
     assert float(mx.max(mx.abs(mx.where(finite, got - expected, 0.0)))) < 1e-4
+    # k = 256: one row of bf16 x takes 16-bit integers, several 8-bit ones.
     for bits, dtype, rows in [(8, mx.float32, 3), (4, mx.bfloat16, 1), (4, mx.bfloat16, 5),
                               (4, mx.bfloat16, 40)]:  # fmt: skip
-        for field in ("scales", "biases"):
-            w, scales, biases = mx.quantize(weights(33, 128, 3), group_size=64, bits=bits)
+        for field in ("scales", "biases", "x"):
+            w, scales, biases = mx.quantize(weights(33, 256, 3), group_size=64, bits=bits)
             scales, biases = scales.astype(dtype), biases.astype(dtype)
-            (scales if field == "scales" else biases)[7, 1] = bad
-            x = mx.random.normal((rows, 128), key=mx.random.key(4)).astype(dtype)
+            x = mx.random.normal((rows, 256), key=mx.random.key(4)).astype(dtype)
+            if field == "x":
+                x[rows - 1, 200] = bad
+            else:
+                (scales if field == "scales" else biases)[7, 1] = bad
             dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), 64, bits)
             expected = x.astype(mx.float32) @ dense.T
             got = kernels.quantized_matmul(x, w, scales, biases, 64, bits)
-            assert mx.array_equal(mx.isnan(got), mx.isnan(expected)), (bits, field)
-            assert mx.array_equal(mx.isinf(got), mx.isinf(expected)), (bits, field)
+            assert mx.array_equal(mx.isnan(got), mx.isnan(expected)), (bits, field, rows)
+            assert mx.array_equal(mx.isinf(got), mx.isinf(expected)), (bits, field, rows)
 
 
 @PROPERTIES

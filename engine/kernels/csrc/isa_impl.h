@@ -922,9 +922,21 @@ void from_f32(const float* in, Scalar type, std::size_t count, void* out) {
   uint16_t* h = static_cast<uint16_t*>(out);
   switch (type) {
     case Scalar::f32: std::memcpy(out, in, count * sizeof(float)); return;
-    case Scalar::bf16:
-      for (std::size_t i = 0; i < count; ++i) h[i] = float_to_bf16(in[i]);
+    case Scalar::bf16: {
+      std::size_t i = 0;
+      // float_to_bf16 on L values at once (the scalar loop was a share of each small product).
+      for (; i + L <= count; i += L) {
+        vu u;
+        std::memcpy(&u, in + i, sizeof(u));
+        const vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        const vu nan = (u >> 16) | 0x40u;
+        const vu bits = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+        const vh half = __builtin_convertvector(bits, vh);
+        std::memcpy(h + i, &half, sizeof(half));
+      }
+      for (; i < count; ++i) h[i] = float_to_bf16(in[i]);
       return;
+    }
     case Scalar::f16: {
       std::size_t i = 0;
 #if defined(__F16C__)

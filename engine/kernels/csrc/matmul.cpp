@@ -103,10 +103,15 @@ float scalar_at(const void* values, Scalar type, std::size_t i) {
 // The kernels factor each group's sum as scale * sum(q * x) + bias * sum(x). Where a scale, a
 // bias or x is not finite, MLX's own product, which dequantizes each weight first, can give NaN
 // where the factored one gives an infinity: any output that is not finite is computed again the
-// way MLX does. Finite weights and x never take this path.
-void redo_non_finite(const float* x, int rows, int k, const uint32_t* w, const void* scales,
-                     const void* biases, Scalar scale_type, int n, int group_size, int bits,
-                     float* out) {
+// way MLX does. Finite weights and x never take this path. `x` is fp32 where the product
+// widened it (else nullptr: it is widened here, if needed).
+void redo_non_finite(const Isa& isa, const float* x, const void* x_in, Scalar x_type, int rows,
+                     int k, const uint32_t* w, const void* scales, const void* biases,
+                     Scalar scale_type, int n, int group_size, int bits, float* out) {
+  const std::size_t count = static_cast<std::size_t>(rows) * n;
+  if (std::all_of(out, out + count, [](float v) { return std::isfinite(v); })) return;
+  std::vector<float> widened;
+  if (x == nullptr) x = as_f32(isa, x_in, x_type, static_cast<std::size_t>(rows) * k, widened);
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(w);
   const std::size_t row_bytes = static_cast<std::size_t>(k) * bits / 8;
   const int groups = k / group_size;
@@ -142,20 +147,18 @@ struct GemvX {
   const float* sums;      // [rows, groups]
 };
 
-// `layout`: whether any row of the weights runs as a GEMV (the tiles take x as it came).
+// `layout`: whether any row of the weights runs as a GEMV (the tiles take x as it came);
+// `tiles`: whether some run on AMX tiles (which take the exact sums of x for the biases' term).
+// Returns x in fp32 as `x`, except on the 8-bit path (nullptr: it reads only the integers).
 GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int rows, int k,
-                int group_size, int bits, bool nibble_dot, bool layout) {
+                int group_size, int bits, bool nibble_dot, bool layout, bool tiles) {
   const std::size_t x_count = static_cast<std::size_t>(rows) * k;
-  GemvX out{as_f32(isa, x_in, x_type, x_count, s.x), nullptr, nullptr, nullptr, nullptr, nullptr};
-  out.prepared = out.x;
-  // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
-  // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
-  // order, so the dot products are unchanged.
+  GemvX out{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   const int groups = k / group_size;
   float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
   out.sums = sums;
   // 8-bit integers take x 256 values at a time.
-  if (nibble_dot && layout && rows >= int8_min_rows && k % 256 == 0) {
+  if (nibble_dot && layout && !tiles && rows >= int8_min_rows && k % 256 == 0) {
     // On a 64-byte line: each 64-byte load then reads one line, not parts of two.
     s.int8_x.resize(std::max(s.int8_x.size(), int8_x_bytes(rows, k) + 64));
     const auto address = reinterpret_cast<std::uintptr_t>(s.int8_x.data());
@@ -172,6 +175,11 @@ GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int
     }
     return out;
   }
+  out.x = as_f32(isa, x_in, x_type, x_count, s.x);
+  out.prepared = out.x;
+  // 4 bits: each chunk of 2 * lanes values is split into its even and odd positions, the order
+  // in which a chunk's bytes give their low and high nibbles. The weights are read in that same
+  // order, so the dot products are unchanged.
   if (nibble_dot && layout) {
     s.int_x.resize(std::max(s.int_x.size(), x_count));
     float* scales = sized(s.int_x_scales, x_count / 8);
@@ -229,7 +237,8 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   // Only the rows the tiles leave need x in the GEMV's order. The dot products in hardware
   // take any number of rows: at 512 rows they ran faster than OpenBLAS on dequantized tiles.
   const bool nibble_dot = takes_nibble_dot(isa, x_type, bits, scale_type, k, group_size);
-  const GemvX px = prepare_x(isa, s, x_in, x_type, rows, k, group_size, bits, nibble_dot, tiled < n);
+  const GemvX px =
+      prepare_x(isa, s, x_in, x_type, rows, k, group_size, bits, nibble_dot, tiled < n, tiled > 0);
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   QuantizedArgs args{px.prepared, px.sums, rows, k, n, w, scales, biases, scale_type, group_size,
@@ -278,7 +287,8 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
       isa.quantized_dequantize(args, n0, n1, tile);
     });
   }
-  redo_non_finite(px.x, rows, k, w, scales, biases, scale_type, n, group_size, bits, out32);
+  redo_non_finite(isa, px.x, x_in, x_type, rows, k, w, scales, biases, scale_type, n, group_size,
+                  bits, out32);
   if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
 }
 
