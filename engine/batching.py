@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -95,12 +95,38 @@ def batchable(loaded: LoadedModel) -> bool:
     return all(hasattr(cache, "merge") for cache in make_prompt_cache(loaded.model))
 
 
+# What `BatchEngine.submit` hands each chunk to, on the model's thread; an EngineError in place
+# of any chunk when the request cannot be served after all (its weights are not numbers).
+Deliver = Callable[[Chunk | EngineError], None]
+
+
+class _Replies:
+    """A request's chunks, handed to its `deliver` as the model's thread makes them."""
+
+    def __init__(self, deliver: Deliver, cancel: CancelToken) -> None:
+        self._deliver = deliver
+        self._cancel = cancel
+
+    def put(self, chunk: Chunk | Refused) -> None:
+        if isinstance(chunk, Refused):
+            self._deliver(ModelFormatError(chunk.cause, chunk.fix))
+            return
+        # Decoded ahead of a caller who has stopped: the answer ends where it stopped. Only
+        # the answer's chunks ask: a prefill's progress is the engine's to report.
+        if isinstance(chunk, ANSWER_CHUNKS) and self._cancel.is_set():
+            return
+        cancelled = isinstance(chunk, DoneChunk) and chunk.finish_reason == "cancelled"
+        if isinstance(chunk, DoneChunk) and not cancelled and self._cancel.is_set():
+            chunk = chunk.model_copy(update={"finish_reason": "cancelled"})
+        self._deliver(chunk)
+
+
 @dataclass
 class _Caller:
-    """Where a request's chunks go, and its cancel (both held outside the messages: a queue and
-    an event are not data)."""
+    """Where a request's chunks go, and its cancel (both held outside the messages: a
+    callback and an event are not data)."""
 
-    replies: queue.Queue[Chunk | Refused]
+    replies: _Replies
     cancel: CancelToken
 
 
@@ -164,41 +190,42 @@ class BatchEngine:
 
     # The callers' side.
 
-    def generate(self, request: ChatRequest, cancel: CancelToken | None = None) -> Generator[Chunk]:
-        """Stream the answer to `request`, decoded with the other requests; the last chunk is
-        a DoneChunk. Raises RequestError before any chunk when the request cannot be served."""
+    def submit(self, request: ChatRequest, cancel: CancelToken | None, deliver: Deliver) -> int:
+        """Start the answer to `request`, decoded with the other requests: `deliver` gets each
+        chunk from the model's thread as it is made (no thread of the caller's wakes for it),
+        the last a DoneChunk, or an EngineError in its place. Cancel it with `cancel`. Raises
+        RequestError at once when the request cannot be served. Returns the request's id."""
         started = time.perf_counter()
         prompt, max_tokens = prepared(self.loaded, request)
         ident = next(self._ids)
-        caller = _Caller(queue.Queue(), cancel or NeverCancelled())
+        token = cancel or NeverCancelled()
+        caller = _Caller(_Replies(deliver, token), token)
         with self._lock:
             self._callers[ident] = caller
         admission = Admission(
             id=ident, request=request, prompt=tuple(prompt), max_tokens=max_tokens, started=started
         )
         if not self._send(admission):
-            yield from failure_chunks(
+            for chunk in failure_chunks(
                 f"{self.loaded.card.name} was unloaded", prompt_tokens=len(prompt)
-            )
-            return
+            ):
+                deliver(chunk)
+        return ident
+
+    def generate(self, request: ChatRequest, cancel: CancelToken | None = None) -> Generator[Chunk]:
+        """Stream the answer to `request` (see `submit`) on the caller's thread; the last chunk
+        is a DoneChunk. Raises RequestError before any chunk when the request cannot be
+        served. Closing the stream early frees its slot."""
+        replies: queue.Queue[Chunk | EngineError] = queue.Queue()
+        ident = self.submit(request, cancel, replies.put)
         ended = False
         try:
             while True:
-                chunk = caller.replies.get()
-                if isinstance(chunk, Refused):
+                chunk = replies.get()
+                if isinstance(chunk, EngineError):
                     ended = True
-                    raise ModelFormatError(chunk.cause, chunk.fix)
+                    raise chunk
                 ended = isinstance(chunk, DoneChunk)
-                # Decoded ahead of a caller who has stopped: the answer ends where it read.
-                # Only the answer's chunks ask: a prefill's progress is the engine's to report.
-                if isinstance(chunk, ANSWER_CHUNKS) and caller.cancel.is_set():
-                    continue
-                if (
-                    isinstance(chunk, DoneChunk)
-                    and chunk.finish_reason != "cancelled"
-                    and caller.cancel.is_set()
-                ):
-                    chunk = chunk.model_copy(update={"finish_reason": "cancelled"})
                 yield chunk
                 if ended:
                     return

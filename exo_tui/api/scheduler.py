@@ -1,7 +1,8 @@
 """The queue in front of the model: at most `backend.concurrency` answers at once, the rest FIFO.
 
-Each answer runs `Backend.generate` (a blocking iterator) on a thread of its own; its chunks
-reach the event loop through the job's queue. Everything else here runs on the loop's thread.
+Each answer starts with `Backend.answer`, on a worker thread (rendering and tokenizing the
+prompt stays off the loop); its chunks reach the event loop through the job's inbox, put there
+from the backend's own thread. Everything else here runs on the loop's thread.
 """
 
 from __future__ import annotations
@@ -12,24 +13,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Generator
+from collections.abc import AsyncGenerator, Callable
 from typing import Literal
 
 from engine.errors import EngineError
-from engine.types import (
-    ChatRequest,
-    Chunk,
-    DoneChunk,
-    ErrorChunk,
-    Frozen,
-    PrefillProgress,
-    Stats,
-    Usage,
-)
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Frozen, PrefillProgress
 from exo_tui.api.board import RequestBoard, RequestState
 from exo_tui.api.errors import ApiError
 from exo_tui.api.inbox import Inbox
-from exo_tui.chat.backend import Backend
+from exo_tui.chat.backend import Backend, cancelled_done
 from exo_tui.chat.turn import coalesce
 
 log = logging.getLogger(__name__)
@@ -109,6 +101,7 @@ class Scheduler:
         self.max_waiting = max_waiting
         self._waiting: deque[Job] = deque()
         self._running: set[Job] = set()
+        self._starting: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
@@ -178,7 +171,7 @@ class Scheduler:
                     done = isinstance(event, DoneChunk)
                     yield event
             if not done:  # cancelled (the thread stops at once) or failed: still an ending
-                yield _cancelled_done()
+                yield cancelled_done()
         finally:
             if job.state != "finished":
                 job.cancel.set()
@@ -195,9 +188,9 @@ class Scheduler:
             job.position = None
             self._running.add(job)
             self.board.update(job.id, state="prefilling", queue_position=None)
-            threading.Thread(
-                target=self._pump, args=(job,), name=f"api-{job.id}", daemon=True
-            ).start()
+            task = asyncio.get_running_loop().create_task(self._start(job))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
         for position, job in enumerate(self._waiting, 1):
             if job.position != position:
                 job.position = position
@@ -219,44 +212,45 @@ class Scheduler:
         job.events.put(None, last=True)
         self._grant()
 
-    def _pump(self, job: Job) -> None:
-        """On the job's thread: generate, and hand each chunk to the loop."""
-        loop = self._loop
-        assert loop is not None
+    async def _start(self, job: Job) -> None:
+        """Start the job's answer; its chunks go to its inbox from the backend's thread."""
+        loop = asyncio.get_running_loop()
+        meter = _Meter(self.board, job.id)
+        ended = threading.Lock()  # taken by the one call that ends the answer
 
         def put(event: Event) -> None:
             # False: the loop has closed, nobody reads this answer.
             if not job.events.put(event, last=isinstance(event, DoneChunk)):
                 job.cancel.set()
 
-        meter = _Meter(self.board, job.id)
+        def end() -> None:
+            if ended.acquire(blocking=False):
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits
+                    loop.call_soon_threadsafe(self._finished, job)
+
+        def deliver(item: Chunk | Exception) -> None:
+            if isinstance(item, EngineError):
+                job.outcome, job.detail = "error", str(item)
+                put(Failed(message=str(item), refused=True))
+                end()
+            elif isinstance(item, Exception):  # a bug or a lost node: said to this client
+                log.error("answering %s failed", job.id, exc_info=item)
+                job.outcome, job.detail = "error", f"{type(item).__name__}: {item}"
+                put(Failed(message=job.detail, refused=False))
+                end()
+            else:
+                # Neither API has a word for a prefill's progress: a client waits for its
+                # first token, as from any server.
+                if not isinstance(item, PrefillProgress):
+                    meter.saw(item, job)
+                    put(item)
+                if isinstance(item, DoneChunk):
+                    end()
+
         try:
-            iterator = job.backend.generate(job.request, job)
-            try:
-                for chunk in iterator:
-                    # Neither API has a word for a prefill's progress: a client waits for
-                    # its first token, as from any server.
-                    if not isinstance(chunk, PrefillProgress):
-                        meter.saw(chunk, job)
-                        put(chunk)
-                    # After the last chunk, a client that leaves (having read it) cancels
-                    # nothing: the answer was whole.
-                    if job.cancel.is_set() and not isinstance(chunk, DoneChunk):
-                        job.outcome, job.detail = "cancelled", "cancelled"
-                        break
-            finally:
-                if isinstance(iterator, Generator):
-                    iterator.close()  # the engine puts back the prompt cache it took
-        except EngineError as error:
-            job.outcome, job.detail = "error", str(error)
-            put(Failed(message=str(error), refused=True))
-        except Exception as error:  # a bug or a lost node: said to this client, others go on
-            log.exception("answering %s failed", job.id)
-            job.outcome, job.detail = "error", f"{type(error).__name__}: {error}"
-            put(Failed(message=job.detail, refused=False))
-        finally:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._finished, job)
+            await asyncio.to_thread(job.backend.answer, job.request, job, deliver)
+        except Exception as error:  # refused before it started (an EngineError), or a fault
+            deliver(error)
 
 
 def _joined(batch: list[Event]) -> list[Event]:
@@ -265,15 +259,6 @@ def _joined(batch: list[Event]) -> list[Event]:
     for event in batch:
         coalesce(out, event)
     return out
-
-
-def _cancelled_done() -> DoneChunk:
-    return DoneChunk(
-        finish_reason="cancelled",
-        usage=Usage(prompt_tokens=0, completion_tokens=0),
-        stats=Stats(ttft_s=0, prefill_tps=0, decode_tps=0, peak_memory_bytes=0),
-        token_ids=(),
-    )
 
 
 class _Meter:

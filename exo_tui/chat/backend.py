@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Protocol
 
 from engine.answer import failure_chunks
@@ -20,10 +20,13 @@ from engine.batching import DEFAULT_BATCH, BatchEngine, batchable
 from engine.errors import EngineError
 from engine.generate import CancelToken, generate, prefill_next_turn
 from engine.loading import LoadedModel
-from engine.types import ChatRequest, Chunk, ErrorChunk, ModelCard
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, ModelCard, Stats, Usage
 
 # A generation of engine chunks: engine.generate over a loaded model, or a ring's chat.
 GenerateFn = Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]
+# What `Backend.answer` hands an answer's chunks to, from a thread of the backend's: the chunks,
+# the last a DoneChunk, or an exception in place of any (an EngineError: the request is refused).
+Deliver = Callable[[Chunk | Exception], None]
 
 
 # How long a caller that stops reading a cluster's answer waits for its ranks to finish it.
@@ -63,6 +66,13 @@ class Backend(Protocol):
         """Stream the answer to `request`; the last chunk is a DoneChunk."""
         ...
 
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        """Start the answer to `request` and return: `deliver` gets its chunks as `generate`
+        would give them, from a thread of the backend's (see Deliver). What a server answers
+        many requests with: a model in this process hands each chunk over from its own thread,
+        with no thread a request woken for every token. May raise EngineError at once."""
+        ...
+
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
         """Prefill `request` (and the typed `draft`) as the next turn will see it, until
         `stop_prefill`; a backend with nothing to prefill does nothing."""
@@ -79,6 +89,47 @@ class Backend(Protocol):
     def unload(self) -> None:
         """Let go of the model."""
         ...
+
+
+def answer_on_a_thread(
+    generate: GenerateFn, request: ChatRequest, cancel: CancelToken, deliver: Deliver
+) -> None:
+    """`Backend.answer` for a backend that streams on its caller's thread: `generate` runs on a
+    thread of its own, which stops reading at a cancel (the answer then ends cancelled)."""
+
+    def run() -> None:
+        ended = False
+        try:
+            chunks = generate(request, cancel)
+            try:
+                for chunk in chunks:
+                    ended = isinstance(chunk, DoneChunk)
+                    deliver(chunk)
+                    if ended:
+                        return
+                    if cancel.is_set():
+                        break
+            finally:
+                if isinstance(chunks, Generator):
+                    chunks.close()  # a local model puts back the prompt cache it took
+            if not ended:
+                ended = True
+                deliver(cancelled_done())
+        except Exception as error:  # refused (an EngineError), a bug or a lost node: said
+            if not ended:
+                deliver(error)
+
+    threading.Thread(target=run, name="answer", daemon=True).start()
+
+
+def cancelled_done() -> DoneChunk:
+    """The last chunk of an answer cancelled before its backend said how it ended."""
+    return DoneChunk(
+        finish_reason="cancelled",
+        usage=Usage(prompt_tokens=0, completion_tokens=0),
+        stats=Stats(ttft_s=0, prefill_tps=0, decode_tps=0, peak_memory_bytes=0),
+        token_ids=(),
+    )
 
 
 class Coordinating(Protocol):
@@ -116,15 +167,25 @@ class LocalBackend:
         return 1 if self._batch is None else self._batch.max_batch
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
-        # Prefills asked for from here on are for the turn after this one; those asked for
-        # before it stop, even the ones still waiting for the model.
-        self._prefill_cancel.set()
-        self._prefill_cancel = threading.Event()
+        self._a_turn_starts()
         if self._batch is not None:
             yield from self._batch.generate(request, cancel)
             return
         with self._lock:  # after any next-turn prefill has stopped
             yield from generate(self.loaded, request, cancel)
+
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        if self._batch is None:
+            answer_on_a_thread(self.generate, request, cancel, deliver)
+            return
+        self._a_turn_starts()
+        self._batch.submit(request, cancel, deliver)
+
+    def _a_turn_starts(self) -> None:
+        # Prefills asked for from here on are for the turn after this one; those asked for
+        # before it stop, even the ones still waiting for the model.
+        self._prefill_cancel.set()
+        self._prefill_cancel = threading.Event()
 
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
         cancel = self._prefill_cancel
@@ -200,6 +261,9 @@ class ClusterBackend:
         elif error is not None:  # a bug or a lost connection: still said, not an empty answer
             yield from failure_chunks(f"{type(error).__name__}: {error}")
 
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        answer_on_a_thread(self.generate, request, cancel, deliver)
+
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
         """Nothing: the ranks keep their own caches."""
 
@@ -232,6 +296,9 @@ class RingBackend:
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         return self._chat(request, cancel)
+
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
         """Nothing: the ranks keep their own caches."""

@@ -16,7 +16,7 @@ from engine.types import ChatRequest, Chunk, ModelCard
 from exo_tui.api.board import RequestBoard
 from exo_tui.api.scheduler import Scheduler
 from exo_tui.api.server import ApiServer, scheduler_of, start_api
-from exo_tui.chat.backend import Backend, LocalBackend
+from exo_tui.chat.backend import Backend, Deliver, LocalBackend, answer_on_a_thread
 
 
 @pytest.fixture(scope="session")
@@ -81,6 +81,9 @@ class HeldBackend:
     @property
     def concurrency(self) -> int:
         return self._concurrency or self.inner.concurrency
+
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         self.started.release()

@@ -11,7 +11,7 @@ from textual.pilot import Pilot
 
 from engine.generate import CancelToken
 from engine.types import ChatRequest, Chunk, PrefillProgress
-from exo_tui.chat.backend import Backend
+from exo_tui.chat.backend import Backend, Deliver, answer_on_a_thread
 from exo_tui.cluster.control.state import NodeStats
 
 GB = 10**9
@@ -63,6 +63,9 @@ class HeldBackend:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
+
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         self.requests.append(request)

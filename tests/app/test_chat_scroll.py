@@ -28,6 +28,7 @@ from engine.types import (
 from exo_tui.app.widgets.chat import ChatPane, StatsLine
 from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.app.widgets.tool_card import ToolCallView
+from exo_tui.chat.backend import Deliver, answer_on_a_thread
 from tests.app.helpers import wait_until
 from tests.app.test_app import launch, make_app
 from tests.app.test_chat_widgets import SIZE, ChatApp, done, lines, start
@@ -122,6 +123,9 @@ class LongAnswer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
+
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         while cancel is None or not cancel.is_set():

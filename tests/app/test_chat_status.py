@@ -18,7 +18,7 @@ from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.widgets.chat import AnswerView, ChatPane, StatsLine
 from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.app.widgets.tool_card import ToolCallView
-from exo_tui.chat.backend import LocalBackend
+from exo_tui.chat.backend import Deliver, LocalBackend, answer_on_a_thread
 from exo_tui.cluster.control.placement import Placement, place
 from exo_tui.cluster.control.state import (
     ClusterState,
@@ -154,6 +154,9 @@ class ToolFirst:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._backend, name)
+
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         self.rounds += 1

@@ -20,6 +20,7 @@ from exo_tui.app.pacing import (
     thread_cpu_clock,
 )
 from exo_tui.app.widgets.chat import AnswerView
+from exo_tui.chat.backend import Deliver, answer_on_a_thread
 from exo_tui.hub.catalogue import entry_card, load_catalogue
 from tests.app.helpers import fixed_stats, wait_until
 
@@ -34,6 +35,9 @@ class ScriptedBackend:
 
     def __init__(self, chat: Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]) -> None:
         self._chat = chat
+
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         return self._chat(request, cancel)
