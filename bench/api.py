@@ -161,12 +161,18 @@ async def measure(url: str, name: str, args: argparse.Namespace, counts: list[in
     api = AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
     await round_of(api, name, 1, args.max_tokens)  # warm-up: compile, prompt cache
     print(f"model {name}, {args.max_tokens} tokens a stream at most, greedy, "
-          f"the median of {args.repeats} rounds each")  # fmt: skip
+          f"the median of {args.repeats} rounds each, the counts in turns")  # fmt: skip
     print(f"{'streams':>7} {'tok/s':>9} {'x one':>6} {'TTFT p50':>9} {'TTFT p95':>9}")
+    # The stream counts take turns, round after round: this machine's speed drifts over
+    # minutes (a shared host), and counts measured one after the other would carry the drift
+    # into their ratios.
+    rounds: dict[int, list[dict[str, float]]] = {count: [] for count in counts}
+    for _ in range(args.repeats):
+        for count in counts:
+            rounds[count].append(await round_of(api, name, count, args.max_tokens))
     base = 0.0
     for count in counts:
-        rounds = [await round_of(api, name, count, args.max_tokens) for _ in range(args.repeats)]
-        result = sorted(rounds, key=lambda r: r["aggregate"])[len(rounds) // 2]
+        result = sorted(rounds[count], key=lambda r: r["aggregate"])[len(rounds[count]) // 2]
         base = base or result["aggregate"] if count == 1 else base
         ratio = f"{result['aggregate'] / base:>6.2f}" if base else f"{'':>6}"
         print(f"{count:>7} {result['aggregate']:>9.1f} {ratio} "
