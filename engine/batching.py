@@ -111,14 +111,22 @@ class _Replies:
         if isinstance(chunk, Refused):
             self._deliver(ModelFormatError(chunk.cause, chunk.fix))
             return
-        # Decoded ahead of a caller who has stopped: the answer ends where it stopped. Only
-        # the answer's chunks ask: a prefill's progress is the engine's to report.
-        if isinstance(chunk, ANSWER_CHUNKS) and self._cancel.is_set():
-            return
-        cancelled = isinstance(chunk, DoneChunk) and chunk.finish_reason == "cancelled"
-        if isinstance(chunk, DoneChunk) and not cancelled and self._cancel.is_set():
-            chunk = chunk.model_copy(update={"finish_reason": "cancelled"})
-        self._deliver(chunk)
+        kept = as_cancelled(chunk, self._cancel)
+        if kept is not None:
+            self._deliver(kept)
+
+
+def as_cancelled(chunk: Chunk, cancel: CancelToken) -> Chunk | None:
+    """`chunk` as a caller who may have stopped gets it: after its cancel the answer ends where
+    it stopped (what was decoded ahead of it is dropped, None) and its end says cancelled.
+    Only the answer's chunks are dropped: a prefill's progress is the engine's to report."""
+    if not cancel.is_set():
+        return chunk
+    if isinstance(chunk, ANSWER_CHUNKS):
+        return None
+    if isinstance(chunk, DoneChunk) and chunk.finish_reason != "cancelled":
+        return chunk.model_copy(update={"finish_reason": "cancelled"})
+    return chunk
 
 
 @dataclass
@@ -217,16 +225,20 @@ class BatchEngine:
         is a DoneChunk. Raises RequestError before any chunk when the request cannot be
         served. Closing the stream early frees its slot."""
         replies: queue.Queue[Chunk | EngineError] = queue.Queue()
-        ident = self.submit(request, cancel, replies.put)
+        token = cancel or NeverCancelled()
+        ident = self.submit(request, token, replies.put)
         ended = False
         try:
             while True:
-                chunk = replies.get()
-                if isinstance(chunk, EngineError):
+                item = replies.get()
+                if isinstance(item, EngineError):
                     ended = True
-                    raise chunk
-                ended = isinstance(chunk, DoneChunk)
-                yield chunk
+                    raise item
+                ended = isinstance(item, DoneChunk)
+                # Asked again as it is read: a caller who stopped while chunks waited here.
+                chunk = as_cancelled(item, token)
+                if chunk is not None:
+                    yield chunk
                 if ended:
                     return
         finally:

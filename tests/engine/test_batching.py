@@ -6,7 +6,9 @@ against `engine.generate` on the same model.
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -149,6 +151,37 @@ def test_a_cancel_mid_stream_frees_its_slot_and_the_others_finish_unchanged(
             assert done_of(mine).token_ids == done_of(theirs).token_ids
     finally:
         engine.close()
+
+
+def test_a_cancelled_reader_gets_nothing_decoded_ahead_of_it(
+    loaded: LoadedModel, batch: BatchEngine
+) -> None:
+    """Chunks the model made while the reader was away (a slow screen, a tool running) are not
+    handed over once it cancels: its answer ends where it stopped reading, cancelled."""
+    cancel = threading.Event()
+    stream = batch.generate(chat(QUESTIONS[0], max_tokens=30), cancel)
+    first = next(stream)
+    assert isinstance(first, TextChunk)
+    time.sleep(0.5)  # the model decodes ahead of the reader (the whole answer, at this size)
+    cancel.set()
+    rest = list(stream)
+    assert not [c for c in rest if isinstance(c, TextChunk | ToolCallChunk)]
+    assert done_of([first, *rest]).finish_reason == "cancelled"
+
+
+def test_delivered_chunks_are_what_the_stream_gives(
+    loaded: LoadedModel, batch: BatchEngine
+) -> None:
+    """`submit` hands the chunks over on the model's thread, the same ones `generate` yields."""
+    request = chat(QUESTIONS[1], max_tokens=12)
+    expected = list(batch.generate(request))
+    got: queue.Queue[Chunk | Exception] = queue.Queue()
+    batch.submit(request, None, got.put)
+    delivered: list[Chunk | Exception] = []
+    while not delivered or not isinstance(delivered[-1], DoneChunk | Exception):
+        delivered.append(got.get(timeout=60))
+    assert [type(c) for c in delivered] == [type(c) for c in expected]
+    assert done_of(delivered).token_ids == done_of(expected).token_ids  # type: ignore[arg-type]
 
 
 def test_a_stream_closed_by_its_reader_frees_its_slot(loaded: LoadedModel) -> None:
