@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -31,6 +31,13 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engine import mlx_threads
 from engine.answer import Answer, failure_chunks, is_harmony
+from engine.batch_callers import (
+    Caller,
+    Deliver,
+    PrefillCaller,
+    Replies,
+    as_cancelled,
+)
 from engine.batch_messages import (
     Admission,
     Closing,
@@ -60,14 +67,10 @@ from engine.types import (
     DoneChunk,
     ErrorChunk,
     PrefillProgress,
-    ReasoningChunk,
-    TextChunk,
-    ToolCallChunk,
 )
 
 log = logging.getLogger(__name__)
 
-ANSWER_CHUNKS = (TextChunk, ReasoningChunk, ToolCallChunk)
 
 DEFAULT_BATCH = 8  # requests decoded together; more wait for a slot
 
@@ -95,55 +98,6 @@ def batchable(loaded: LoadedModel) -> bool:
     return all(hasattr(cache, "merge") for cache in make_prompt_cache(loaded.model))
 
 
-# What `BatchEngine.submit` hands each chunk to, on the model's thread; an EngineError in place
-# of any chunk when the request cannot be served after all (its weights are not numbers).
-Deliver = Callable[[Chunk | EngineError], None]
-
-
-class _Replies:
-    """A request's chunks, handed to its `deliver` as the model's thread makes them."""
-
-    def __init__(self, deliver: Deliver, cancel: CancelToken) -> None:
-        self._deliver = deliver
-        self._cancel = cancel
-
-    def put(self, chunk: Chunk | Refused) -> None:
-        if isinstance(chunk, Refused):
-            self._deliver(ModelFormatError(chunk.cause, chunk.fix))
-            return
-        kept = as_cancelled(chunk, self._cancel)
-        if kept is not None:
-            self._deliver(kept)
-
-
-def as_cancelled(chunk: Chunk, cancel: CancelToken) -> Chunk | None:
-    """`chunk` as a caller who may have stopped gets it: after its cancel the answer ends where
-    it stopped (what was decoded ahead of it is dropped, None) and its end says cancelled.
-    Only the answer's chunks are dropped: a prefill's progress is the engine's to report."""
-    if not cancel.is_set():
-        return chunk
-    if isinstance(chunk, ANSWER_CHUNKS):
-        return None
-    if isinstance(chunk, DoneChunk) and chunk.finish_reason != "cancelled":
-        return chunk.model_copy(update={"finish_reason": "cancelled"})
-    return chunk
-
-
-@dataclass
-class _Caller:
-    """Where a request's chunks go, and its cancel (both held outside the messages: a
-    callback and an event are not data)."""
-
-    replies: _Replies
-    cancel: CancelToken
-
-
-@dataclass
-class _PrefillCaller:
-    replies: queue.Queue[PrefillDone]
-    cancel: CancelToken
-
-
 @dataclass
 class _Live:
     """A request in the batch: its id, its answer so far and where its chunks go; and, while
@@ -151,7 +105,7 @@ class _Live:
 
     id: int
     answer: Answer
-    caller: _Caller
+    caller: Caller
     prefill_total: int = 0
     prefill_done: int = 0
     prefill_offset: int = 0  # fed before it joined the batch (whose progress starts after it)
@@ -183,8 +137,8 @@ class BatchEngine:
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._ids = itertools.count()
         self._lock = threading.Lock()  # over the two tables of callers
-        self._callers: dict[int, _Caller] = {}
-        self._prefill_callers: dict[int, _PrefillCaller] = {}
+        self._callers: dict[int, Caller] = {}
+        self._prefill_callers: dict[int, PrefillCaller] = {}
         # The model's thread's own state.
         self._waiting: deque[Admission] = deque()
         self._live: dict[int, _Live] = {}  # by the batch's uid
@@ -207,7 +161,7 @@ class BatchEngine:
         prompt, max_tokens = prepared(self.loaded, request)
         ident = next(self._ids)
         token = cancel or NeverCancelled()
-        caller = _Caller(_Replies(deliver, token), token)
+        caller = Caller(Replies(deliver, token), token)
         with self._lock:
             self._callers[ident] = caller
         admission = Admission(
@@ -251,7 +205,7 @@ class BatchEngine:
         """`prefill_next_turn` on the model's thread once no request is active; blocks until it
         is done. A request that arrives, or `cancel`, stops it between steps."""
         ident = next(self._ids)
-        caller = _PrefillCaller(queue.Queue(), cancel or NeverCancelled())
+        caller = PrefillCaller(queue.Queue(), cancel or NeverCancelled())
         with self._lock:
             self._prefill_callers[ident] = caller
         if not self._send(PrefillAsked(id=ident, request=request, draft=draft)):
@@ -375,7 +329,7 @@ class BatchEngine:
             if caller is not None:  # (its cancel was looked at this round)
                 self._start(admission, caller, together)
 
-    def _start(self, admission: Admission, caller: _Caller, together: bool = False) -> None:
+    def _start(self, admission: Admission, caller: Caller, together: bool = False) -> None:
         try:
             self._join(admission, caller, together)
         except Exception as error:  # a fault of this request's first pass: it alone ends
@@ -392,7 +346,7 @@ class BatchEngine:
             answer.finish = "error"
             self._reply(admission.id, caller, [ErrorChunk(message=message), *answer.done()])
 
-    def _join(self, admission: Admission, caller: _Caller, together: bool = False) -> None:
+    def _join(self, admission: Admission, caller: Caller, together: bool = False) -> None:
         """Take the request's cache and put it into the batch.
 
         A short rest of the prompt goes through the model here, in the one pass that also gives
@@ -452,7 +406,7 @@ class BatchEngine:
         )
         self._live[uid] = _Live(admission.id, answer, caller)
 
-    def _probe(self, rest: list[int], cache: list[Any], caller: _Caller) -> int:
+    def _probe(self, rest: list[int], cache: list[Any], caller: Caller) -> int:
         """The model's first prompt: a small first step measures its speed, which sizes the
         rest (engine.prefill); the tokens it fed."""
         size = self.loaded.prefill_pace.step(len(rest))
@@ -531,7 +485,7 @@ class BatchEngine:
             self.loaded.prompt_cache.keep(list(tokens), cache)
         self._reply(live.id, live.caller, live.answer.done())
 
-    def _reply(self, ident: int, caller: _Caller, chunks: Sequence[Chunk | Refused]) -> None:
+    def _reply(self, ident: int, caller: Caller, chunks: Sequence[Chunk | Refused]) -> None:
         for chunk in chunks:
             caller.replies.put(chunk)
         with self._lock:
@@ -549,7 +503,7 @@ class BatchEngine:
                 self._waiting.remove(admission)
                 self._cancel_waiting(admission, caller)
 
-    def _cancel_waiting(self, admission: Admission, caller: _Caller) -> None:
+    def _cancel_waiting(self, admission: Admission, caller: Caller) -> None:
         """End a request that never joined the batch: nothing was computed for it."""
         prompt = list(admission.prompt)
         answer = Answer(

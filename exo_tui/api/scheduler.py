@@ -140,7 +140,9 @@ class Scheduler:
     async def stream(self, job: Job) -> AsyncGenerator[Queued | Chunk]:
         """The job's chunks, after a `Queued` first if it waits, and always a DoneChunk last.
         Raises ApiError when it fails before its first chunk; a later failure is an
-        ErrorChunk. Leaving early cancels it."""
+        ErrorChunk. Leaving early cancels it. The board shows what was handed over here: an
+        answer whose client left before its end is cancelled, however far the model got."""
+        meter = _Meter(self.board, job.id)
         sent = done = False
         try:
             if job.state == "waiting" and job.position is not None:
@@ -152,7 +154,11 @@ class Scheduler:
             while not ended:
                 if sent:  # the first chunk at once; then what came meanwhile, in one
                     await job.events.hold(last_sent + STREAM_EVERY_S - loop.time())
-                batch = _joined(await job.events.take())
+                taken = await job.events.take()
+                for event in taken:
+                    if event is not None and not isinstance(event, Failed):
+                        meter.saw(event, job)
+                batch = _joined(taken)
                 last_sent = loop.time()
                 for event in batch:
                     if event is None:
@@ -173,8 +179,12 @@ class Scheduler:
             if not done:  # cancelled (the thread stops at once) or failed: still an ending
                 yield cancelled_done()
         finally:
+            if not done and job.outcome == "done":  # the client left before the end
+                job.outcome, job.detail = "cancelled", job.detail or "cancelled"
             if job.state != "finished":
                 job.cancel.set()
+            else:
+                self.board.update(job.id, state=job.outcome, detail=job.detail)
 
     def cancel_all(self) -> None:
         """Cancel every request, queued or running (the server is stopping)."""
@@ -215,7 +225,6 @@ class Scheduler:
     async def _start(self, job: Job) -> None:
         """Start the job's answer; its chunks go to its inbox from the backend's thread."""
         loop = asyncio.get_running_loop()
-        meter = _Meter(self.board, job.id)
         ended = threading.Lock()  # taken by the one call that ends the answer
 
         def put(event: Event) -> None:
@@ -238,12 +247,10 @@ class Scheduler:
                 job.outcome, job.detail = "error", f"{type(item).__name__}: {item}"
                 put(Failed(message=job.detail, refused=False))
                 end()
-            else:
+            elif not isinstance(item, PrefillProgress):
                 # Neither API has a word for a prefill's progress: a client waits for its
                 # first token, as from any server.
-                if not isinstance(item, PrefillProgress):
-                    meter.saw(item, job)
-                    put(item)
+                put(item)
                 if isinstance(item, DoneChunk):
                     end()
 
