@@ -42,11 +42,10 @@ def as_cancelled(chunk: Chunk, cancel: CancelToken) -> Chunk | None:
     """`chunk` as a caller who may have stopped gets it: after its cancel the answer ends where
     it stopped (what was decoded ahead of it is dropped, None) and its end says cancelled.
     Only the answer's chunks are dropped: a prefill's progress is the engine's to report."""
-    if not cancel.is_set():
-        return chunk
+    # The cancel is looked at only for these (a token may count its looks: tests/engine).
     if isinstance(chunk, ANSWER_CHUNKS):
-        return None
-    if isinstance(chunk, DoneChunk) and chunk.finish_reason != "cancelled":
+        return None if cancel.is_set() else chunk
+    if isinstance(chunk, DoneChunk) and chunk.finish_reason != "cancelled" and cancel.is_set():
         return chunk.model_copy(update={"finish_reason": "cancelled"})
     return chunk
 
