@@ -102,7 +102,6 @@ class Scheduler:
         self._waiting: deque[Job] = deque()
         self._running: set[Job] = set()
         self._starting: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def running(self) -> int:
@@ -124,7 +123,7 @@ class Scheduler:
                 "rate_limit_error",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
-        self._loop = loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         job: Job | None = None
 
         def cancelled() -> None:

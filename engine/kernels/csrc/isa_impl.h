@@ -439,7 +439,7 @@ void prepare_int_x(const uint16_t* x, int rows, int k, int16_t* xq, float* scale
 // With several rows of x the GEMV is bound by its instructions, not by memory: per lane of sums
 // it also takes a conversion, a multiply (the weights' scale by x's) and an FMA, so the more
 // products a lane adds before them the better. Here a lane adds 16 (4 vpdpbusd), all of one
-// group of 64 of the weights (see nibble_dot8_block), and x is scaled per 64 values: each 64
+// group of 64 of the weights (see nibble_dot8_row), and x is scaled per 64 values: each 64
 // by their largest magnitude to at most 127, rounded to the nearest integer (a value is off by
 // at most max / 254), as llama.cpp's Q8 formats round x (blocks of 32 in Q8_0, 256 in Q8_K).
 //
@@ -448,12 +448,12 @@ void prepare_int_x(const uint16_t* x, int rows, int k, int16_t* xq, float* scale
 // high nibbles): four vectors of 64 bytes, X0 = the even values of chunks (b0 t0, b0 t2, b1 t0,
 // b1 t2), X1 = the even values of (b0 t1, b0 t3, b1 t1, b1 t3), X2 and X3 the odd values of the
 // same. The 16-byte part p of each belongs to group (of 64) p of the 256 values. The 16 floats
-// after them (see int8_x_offset) are the step of each lane of the sums, lane l that of group l / 4
-// (NaN where one of its values is not finite, so that the output is too and is computed again
-// the MLX way). `sums`
-// gets each 32 values' sum as rounded (the integers' sum times their step), for the biases'
-// term: with x's own sums there, each output would move by the rounding of x times scale * q,
-// which is larger than the weight, scale * q + bias, itself (about 3x, measured).
+// after them (see int8_x_offset) are the step of each lane of the sums, lane l that of group
+// l / 4 (NaN where one of its values is not finite, so that the output is too and is computed
+// again the MLX way). `sums` gets each 32 values' sum as rounded (the integers' sum times their
+// step), for the biases' term: with x's own sums there, each output would move by the
+// rounding of x times scale * q, which is larger than the weight, scale * q + bias, itself
+// (about 3x, measured).
 void prepare_int8_x(const uint16_t* x, int rows, int k, int8_t* xq, float* sums) {
   const std::size_t count = static_cast<std::size_t>(rows) * k;
   const __m512 largest = _mm512_set1_ps(3.4028235e38f);
@@ -504,7 +504,7 @@ void prepare_int8_x(const uint16_t* x, int rows, int k, int8_t* xq, float* sums)
   }
 }
 
-// The weights' scales of 256 values, for the lanes of nibble_dot8_block's sums: lane l covers
+// The weights' scales of 256 values, for the lanes of nibble_dot8_row's sums: lane l covers
 // group (of 64) l / 4. For groups of 32, `second` picks the second 32 of each 64 (the sums of
 // X1 and X3), else the first (X0 and X2).
 template <int GS>
@@ -583,6 +583,8 @@ inline void nibble_dot8_row(const QuantizedArgs& a, int n, int m0, int sb0, int 
   for (int m = 0; m < MR; ++m) total[m] = _mm512_setzero_ps();
   for (int sb = sb0; sb < sb1; ++sb) {
     const uint8_t* bytes = row + static_cast<std::size_t>(sb) * 128;
+    // The same bytes 4 rows on (1, 2 and 4 rows ahead measured alike: this loop is bound by
+    // its instructions, not by memory).
     _mm_prefetch(reinterpret_cast<const char*>(bytes) + 4 * row_bytes, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(bytes) + 4 * row_bytes + 64, _MM_HINT_T0);
     const __m512i w0 = _mm512_loadu_si512(bytes), w1 = _mm512_loadu_si512(bytes + 64);
