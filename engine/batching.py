@@ -354,7 +354,9 @@ class BatchEngine:
         last token, a second pass over every weight before the first token. A longer rest, one
         that would take more than a step (engine.prefill), or one joining `together` with
         others is prefilled by the batch, a step's share at a time: the others go on decoding,
-        its progress is reported after each step, and a cancel lands between them."""
+        its progress is reported after each step, and a cancel lands between them. Requests
+        joining together whose rest is one token (their prompt is cached, as when clients send
+        the same prompt) get their first tokens in one pass of the batch, not a pass each."""
         prompt = list(admission.prompt)
         request = admission.request
         model = self.loaded.model
@@ -369,7 +371,7 @@ class BatchEngine:
         pace = self.loaded.prefill_pace
         total = len(rest)
         probed = self._probe(rest, cache, caller) if pace.tokens_per_s is None else 0
-        batch_prefills = together and len(rest) - probed > 1
+        batch_prefills = together and len(rest) > probed
         if batch_prefills or len(rest) - probed > one_pass_tokens or pace.step(len(rest) - probed):
             (uid,) = self._generator().insert(
                 [rest[probed:]],

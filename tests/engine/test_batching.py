@@ -339,6 +339,22 @@ def test_a_cached_chat_decoded_beside_new_ones_gives_its_tokens_alone(
         assert done_of(mine).token_ids == done_of(theirs).token_ids
 
 
+def test_requests_for_a_cached_prompt_start_together_with_its_tokens_alone(
+    loaded: LoadedModel, batch: BatchEngine
+) -> None:
+    """Clients that send the same prompt at once: each continues the cached prompt (one token
+    left to feed, fed for all of them in one pass of the batch) to what it gives alone. (An
+    answer longer than the prompt is copied for each, not taken: engine.prompt_cache.)"""
+    request = chat(QUESTIONS[1], max_tokens=20)
+    expected = alone(loaded, request)
+    all_chunks(batch, [chat(QUESTIONS[1], max_tokens=40)])  # the prompt and an answer are cached
+    got = all_chunks(batch, [request] * 4)
+    for mine in got:
+        assert done_of(mine).token_ids == done_of(expected).token_ids
+        assert done_of(mine).usage.cached_tokens == done_of(mine).usage.prompt_tokens - 1
+    assert batch.most_at_once >= 2
+
+
 def test_every_architecture_batches_to_the_tokens_it_gives_alone(tiny_model: Path) -> None:
     model = load_model_sync(tiny_model)
     assert batchable(model)
