@@ -177,30 +177,38 @@ async def measure(url: str, name: str, args: argparse.Namespace, counts: list[in
         ratio = f"{result['aggregate'] / base:>6.2f}" if base else f"{'':>6}"
         print(f"{count:>7} {result['aggregate']:>9.1f} {ratio} "
               f"{result['p50'] * 1000:>7.0f}ms {result['p95'] * 1000:>7.0f}ms")  # fmt: skip
-    # One stream against the headless chat, in turns so that the machine's other work weighs
-    # on both alike; the server idles while the chat runs here.
+    # One stream against the headless chat: each API stream between two chats (the server
+    # idles while they run here), and its ratio to their mean; the median of those ratios.
+    # This machine's speed drifts over minutes: a ratio of neighbours carries little of it.
     backend = headless_backend(args.model)
     headless(backend, args.max_tokens)  # warm-up
     import httpx
 
     raw = httpx.AsyncClient(timeout=600)
-    api_rates: list[float] = []
-    raw_rates: list[float] = []
-    chat_rates: list[float] = []
-    tokens = 0
+    rates: dict[str, list[float]] = {"api": [], "raw": [], "chat": []}
+    ratios: dict[str, list[float]] = {"api": [], "raw": []}
+    chat_before, tokens = headless(backend, args.max_tokens)
     for _ in range(args.repeats):
-        api_rates.append((await round_of(api, name, 1, args.max_tokens))["one_stream_e2e"])
-        raw_rates.append(await raw_stream(raw, url, name, args.max_tokens))
-        rate, tokens = headless(backend, args.max_tokens)
-        chat_rates.append(rate)
+        for kind in ("api", "raw"):
+            if kind == "api":
+                rate = (await round_of(api, name, 1, args.max_tokens))["one_stream_e2e"]
+            else:
+                rate = await raw_stream(raw, url, name, args.max_tokens)
+            chat_after, tokens = headless(backend, args.max_tokens)
+            rates[kind].append(rate)
+            rates["chat"].append(chat_after)
+            ratios[kind].append(rate / ((chat_before + chat_after) / 2))
+            chat_before = chat_after
     await api.close()
     await raw.aclose()
-    api_rate, chat_rate = statistics.median(api_rates), statistics.median(chat_rates)
-    raw_rate = statistics.median(raw_rates)
-    print(f"one stream, request to last token ({tokens} tokens, medians of {args.repeats}): "
-          f"headless chat {chat_rate:.1f} tok/s; API with the openai client {api_rate:.1f} "
-          f"({api_rate / chat_rate:.2f}x), read as plain SSE lines {raw_rate:.1f} "
-          f"({raw_rate / chat_rate:.2f}x)")  # fmt: skip
+    median = statistics.median
+    print(f"one stream, request to last token ({tokens} tokens, {args.repeats} of each, every "
+          f"one between two headless chats): headless chat {median(rates['chat']):.1f} tok/s; "
+          f"API with the openai client {median(rates['api']):.1f} "
+          f"({median(ratios['api']):.2f}x its neighbours, median; "
+          f"{min(ratios['api']):.2f}-{max(ratios['api']):.2f}), read as plain SSE lines "
+          f"{median(rates['raw']):.1f} ({median(ratios['raw']):.2f}x; "
+          f"{min(ratios['raw']):.2f}-{max(ratios['raw']):.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":
