@@ -36,21 +36,25 @@ struct QuantizedArgs {
   const int8_t* xq8 = nullptr;
 };
 
-// 8-bit x, 256 values a step: each step's 256 bytes of integers, then its 16 floats (the step of
-// each lane), 320 bytes. The GEMV takes the steps INT8_STEPS_PER_PASS at a time (x of several
-// rows then stays in the L1 cache while the weight rows pass over it), so each pass of steps is
-// stored whole, row after row: the rows' bytes fill the cache's sets evenly. (With each row's
-// steps together, rows 8 KiB apart fell in the same sets, and the GEMV ran at half its speed.)
-constexpr int INT8_STEP_BYTES = 320;
-constexpr int INT8_STEPS_PER_PASS = 8;
+// 8-bit x, 512 values a step (the last 256 where a row's length is not a multiple of 512): each
+// step's integers, then its 16 floats (the step of each lane), in 576 bytes. The GEMV takes the
+// steps INT8_STEPS_PER_PASS at a time (x of several rows then stays in the L1 cache while the
+// weight rows pass over it), so each pass of steps is stored whole, row after row: the rows'
+// bytes fill the cache's sets evenly. (With each row's steps together, rows 8 KiB apart fell in
+// the same sets, and the GEMV ran at half its speed.)
+constexpr int INT8_STEP_VALUES = 512;
+constexpr int INT8_STEP_BYTES = 576;
+constexpr int INT8_STEPS_PER_PASS = 4;
 inline std::size_t int8_x_offset(int rows, int k, int m, int step) {
-  const int steps = k / 256, first = step - step % INT8_STEPS_PER_PASS;
+  const int steps = (k + INT8_STEP_VALUES - 1) / INT8_STEP_VALUES;
+  const int first = step - step % INT8_STEPS_PER_PASS;
   const int in_pass = steps - first < INT8_STEPS_PER_PASS ? steps - first : INT8_STEPS_PER_PASS;
   return (static_cast<std::size_t>(first) * rows + static_cast<std::size_t>(m) * in_pass +
           static_cast<std::size_t>(step - first)) * INT8_STEP_BYTES;
 }
 inline std::size_t int8_x_bytes(int rows, int k) {
-  return static_cast<std::size_t>(rows) * (k / 256) * INT8_STEP_BYTES;
+  return static_cast<std::size_t>(rows) * ((k + INT8_STEP_VALUES - 1) / INT8_STEP_VALUES) *
+         INT8_STEP_BYTES;
 }
 
 // out[m, n] = sum_k x[m, k] * w[n, k], with w in bf16, fp16 or fp32 (w32).
