@@ -44,14 +44,19 @@ class Inbox(Generic[T]):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._last.wait(), seconds)
 
+    def take_ready(self) -> list[T]:
+        """Everything put so far, in order (perhaps nothing); never waits."""
+        batch: list[T] = []
+        while self._items:
+            batch.append(self._items.popleft())
+        return batch
+
     async def take(self) -> list[T]:
         """Everything put so far, in order; waits for at least one item."""
         while True:
             # Cleared before the items are taken: whatever is put after this wakes us again.
             self._waking = False
-            batch: list[T] = []
-            while self._items:
-                batch.append(self._items.popleft())
+            batch = self.take_ready()
             if batch:
                 return batch
             self._ready.clear()

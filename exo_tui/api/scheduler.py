@@ -151,9 +151,14 @@ class Scheduler:
             loop = asyncio.get_running_loop()
             last_sent = 0.0
             while not ended:
-                if sent:  # the first chunk at once; then what came meanwhile, in one
-                    await job.events.hold(last_sent + STREAM_EVERY_S - loop.time())
                 taken = await job.events.take()
+                # The first chunk at once; later ones at most every STREAM_EVERY_S, what came
+                # meanwhile in one. (A model slower than that is not held at all: the loop
+                # then wakes once a token, not also for a timer.)
+                wait = last_sent + STREAM_EVERY_S - loop.time()
+                if sent and wait > 0:
+                    await job.events.hold(wait)
+                    taken += job.events.take_ready()
                 for event in taken:
                     if event is not None and not isinstance(event, Failed):
                         meter.saw(event, job)
