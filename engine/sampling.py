@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_p, greedy_sampler, make_sampler
+from mlx_lm.sample_utils import apply_top_p, make_sampler
 
+from engine.kernels.routing import argmax_last
 from engine.types import ChatRequest
 
 Sampler = Callable[[mx.array], mx.array]
 
 # One object for every greedy request: a batch whose rows share a sampler samples in one call.
-GREEDY: Sampler = greedy_sampler
+# mlx-lm's greedy sampler, mx.argmax over the last axis, on the CPU kernels where they run.
+GREEDY: Sampler = argmax_last
 
 
 def request_sampler(request: ChatRequest) -> Sampler:

@@ -161,6 +161,13 @@ def rope(
     return cast(mx.array, module.rope(x, inv_freqs, at, dims, traditional, scale))
 
 
+def argmax_last(x: mx.array) -> mx.array:
+    """mx.argmax(x, axis=-1) through the extension (which must be available)."""
+    module = extension()
+    assert module is not None
+    return cast(mx.array, module.argmax_last(x))
+
+
 def logsumexp_last(x: mx.array) -> mx.array:
     """mx.logsumexp(x, axis=-1, keepdims=True) through the extension (which must be available)."""
     module = extension()

@@ -5,7 +5,8 @@ parallelism uses; its `RMSNorm`s; and its rotary embeddings (`nn.RoPE` and mlx-l
 forward pass calls the kernels; its weights and parameters are untouched, so loading, sharding
 and the ring see the same module tree. mlx-lm's `swiglu`, which its model modules import by
 name, is routed in those modules, and the `mx.logsumexp` that normalises the logits at every
-sampling step in mlx-lm's generate module (`logsumexp` here).
+sampling step in mlx-lm's generate module (`logsumexp` here). Greedy sampling takes
+`argmax_last` (engine.sampling).
 """
 # pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false, reportUnknownVariableType=false
 # pyright: reportUnknownArgumentType=false, reportAttributeAccessIssue=false
@@ -176,6 +177,14 @@ def logsumexp(
     if keepdims:
         return out
     return out.reshape(()) if axis is None else out.squeeze(-1)  # None: every axis reduced
+
+
+def argmax_last(a: mx.array) -> mx.array:
+    """mx.argmax(a, axis=-1), on the kernels where they run (MLX's CPU takes one scalar loop over
+    every logit of every row: a share of each step of several requests decoding together)."""
+    if a.ndim == 0 or a.dtype not in kernels.FLOAT_TYPES or not enabled():
+        return mx.argmax(a, axis=-1)
+    return kernels.argmax_last(a)
 
 
 class _MlxForGenerate:

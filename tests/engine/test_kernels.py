@@ -447,6 +447,54 @@ def test_logsumexp_matches_the_exact_value(
     assert float(np.max(np.abs(got - exact) / allowed)) <= 1.0
 
 
+@PROPERTIES
+@given(
+    rows=st.integers(1, 9),
+    n=st.integers(1, 3000),
+    dtype=st.sampled_from(FLOATS),
+    ties=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_argmax_gives_mlxs_index(
+    isa: str, rows: int, n: int, dtype: mx.Dtype, ties: bool, seed: int
+) -> None:
+    """The greedy sampler's argmax on the kernel gives MLX's index, the first of equal largest
+    values among them (few distinct values make many ties)."""
+    x = mx.random.normal((rows, n), key=mx.random.key(seed))
+    if ties:
+        x = mx.round(x)
+    x = x.astype(dtype)
+    got = routing.argmax_last(x)
+    assert got.dtype == mx.uint32 and got.shape == (rows,)
+    assert mx.array_equal(got, mx.argmax(x, axis=-1))
+
+
+def test_argmax_passes_over_nans_and_infinities_as_mlx_does(isa: str) -> None:
+    """A NaN counts as the largest (the first NaN's index), as MLX's argmax has it; -inf and
+    +inf compare as values; a row of -inf gives 0."""
+    nan, inf = float("nan"), float("inf")
+    rows = [
+        [nan, 1.0, 5.0, 2.0],
+        [1.0, nan, 5.0, nan],
+        [-inf, -inf, -inf, -inf],
+        [-inf, nan, -inf, -3.0],
+        [2.0, inf, 7.0, inf],
+        [-0.0, 0.0, -1.0, 0.0],
+    ]
+    for dtype in FLOATS:
+        x = mx.array(rows * 5, dtype=dtype).reshape(-1, 20)[:, :20]  # 20 wide: a vector and a tail
+        wide = mx.concatenate([mx.full((6, 40), -inf, dtype=dtype), mx.array(rows, dtype=dtype)], 1)
+        for case in (mx.array(rows, dtype=dtype), x, wide):
+            assert mx.array_equal(kernels.argmax_last(case), mx.argmax(case, axis=-1))
+
+
+def test_argmax_keeps_the_leading_axes_and_refuses_an_empty_row() -> None:
+    x = mx.random.normal((2, 3, 50), key=mx.random.key(3)).astype(mx.bfloat16)
+    assert mx.array_equal(kernels.argmax_last(x), mx.argmax(x, axis=-1))
+    with pytest.raises(ValueError, match="last axis"):
+        kernels.argmax_last(mx.zeros((2, 0)))
+
+
 def test_mlx_lms_sampling_normaliser_runs_on_the_kernel(kernel_models: dict[str, Path]) -> None:
     """mlx-lm's generate module normalises the logits with its `mx.logsumexp` at every step:
     loading a model routes that name to the kernel, and going back to MLX's kernels restores

@@ -35,6 +35,8 @@ NB_MODULE(_kernels, m) {
         "mx.fast.rope with its inverse frequencies given, rounded as MLX's CPU fallback rounds");
   m.def("logsumexp_last", &exo_kernels::logsumexp_last, "x"_a, nb::kw_only(),
         "stream"_a = nb::none(), "mx.logsumexp(x, axis=-1, keepdims=True)");
+  m.def("argmax_last", &exo_kernels::argmax_last, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "mx.argmax(x, axis=-1), as uint32");
   m.def("silu_mul", &exo_kernels::silu_mul, "gate"_a, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * x (mlx-lm's swiglu), rounded as MLX's ops round each step");
   m.def("decode_attention", &exo_kernels::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,

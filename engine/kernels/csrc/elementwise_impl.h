@@ -105,6 +105,42 @@ void silu_mul(const void* gate, const void* x, void* out, Scalar type, std::size
   }
 }
 
+// The index of each row's largest value, rows [r0, r1) of `n` values, as MLX's argmax gives it:
+// the first of equal largest values, and a NaN counts as larger than any (the first NaN's).
+void argmax_rows(const void* x, Scalar type, int n, long r0, long r1, uint32_t* out) {
+  const std::size_t size = type == Scalar::f32 ? 4 : 2;
+  thread_local std::vector<float> row;
+  row.resize(static_cast<std::size_t>(n) + L);
+  for (long r = r0; r < r1; ++r) {
+    to_f32(static_cast<const char*>(x) + static_cast<std::size_t>(r) * n * size, type,
+           static_cast<std::size_t>(n), row.data());
+    vf tops = vf{} - INFINITY;
+    vi nans = vi{};
+    int i = 0;
+    for (; i + L <= n; i += L) {
+      const vf v = load(row.data() + i);
+      tops = select(v > tops, v, tops);
+      nans |= v != v;
+    }
+    float top = row[0];
+    bool any_nan = false;
+    for (int l = 0; l < L; ++l) {
+      top = std::max(top, tops[l]);
+      any_nan = any_nan || nans[l] != 0;
+    }
+    for (; i < n; ++i) {
+      top = row[i] > top ? row[i] : top;
+      any_nan = any_nan || std::isnan(row[i]);
+    }
+    uint32_t at = 0;  // the row holds a NaN, or top, so each search ends within it
+    if (any_nan || std::isnan(top))
+      while (!std::isnan(row[at])) ++at;
+    else
+      while (!(row[at] == top)) ++at;
+    out[r] = at;
+  }
+}
+
 // log(sum(exp(x))) of each row of `n` values, rows [r0, r1), in fp32 (the largest value taken
 // out first), each rounded once to `type` into out[row].
 void logsumexp_rows(const void* x, Scalar type, int n, long r0, long r1, void* out) {

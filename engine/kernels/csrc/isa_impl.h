@@ -744,6 +744,7 @@ const Isa ISA_TABLE = {
     ISA_NS::decode_attention,
     ISA_NS::silu_mul,
     ISA_NS::logsumexp_rows,
+    ISA_NS::argmax_rows,
     ISA_NS::to_f32,
     ISA_NS::from_f32,
 };

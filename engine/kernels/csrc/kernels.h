@@ -117,6 +117,7 @@ struct Isa {
                    std::size_t end);
   // out[r] = log(sum(exp(x[r]))) for rows [r0, r1) of `n` values of `type` (out of `type`).
   void (*logsumexp_rows)(const void* x, Scalar type, int n, long r0, long r1, void* out);
+  void (*argmax_rows)(const void* x, Scalar type, int n, long r0, long r1, uint32_t* out);
   // Elementwise conversions, for inputs and outputs.
   void (*to_f32)(const void* in, Scalar type, std::size_t count, float* out);
   void (*from_f32)(const float* in, Scalar type, std::size_t count, void* out);

@@ -144,6 +144,38 @@ void CpuLogSumExp::eval_gpu(const std::vector<mx::array>&, mx::array&) {
   throw std::runtime_error("CpuLogSumExp runs on the CPU only; use mx.logsumexp");
 }
 
+mx::array argmax_last(const mx::array& x, mx::StreamOrDevice s) {
+  if (x.ndim() < 1 || x.shape(-1) == 0)
+    throw std::invalid_argument("x needs a last axis with values");
+  scalar_of(x.dtype(), "x");
+  mx::Stream stream = cpu_stream(s);
+  mx::Shape shape = x.shape();
+  shape.pop_back();
+  return mx::array(shape, mx::uint32, std::make_shared<CpuArgMax>(stream),
+                   {mx::contiguous(x, false, stream)});
+}
+
+void CpuArgMax::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& encoder = prepared_encoder(stream(), inputs, out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                    out = mx::array::unsafe_weak_copy(out)]() mutable {
+    const int n = x.shape(-1);
+    const long rows = static_cast<long>(x.size() / n);
+    if (rows == 0) return;
+    const Isa& isa = best_isa();
+    const Scalar type = scalar_of(x.dtype(), "x");
+    const int parts = work_parts(x.nbytes(), std::min<long>(thread_count(), rows));
+    parallel_for(parts, [&](int part) {
+      const long r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
+      if (r0 < r1) isa.argmax_rows(x.data<void>(), type, n, r0, r1, out.data<uint32_t>());
+    });
+  });
+}
+
+void CpuArgMax::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuArgMax runs on the CPU only; use mx.argmax");
+}
+
 mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s) {
   if (gate.shape() != x.shape() || gate.dtype() != x.dtype())
     throw std::invalid_argument("gate and x must share a shape and a dtype");

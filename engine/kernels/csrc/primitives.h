@@ -43,6 +43,19 @@ class CpuLogSumExp : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
+// mx.argmax(x, axis=-1) as uint32: greedy sampling at every step, which MLX's CPU runs as one
+// scalar loop over every logit of every row.
+mx::array argmax_last(const mx::array& x, mx::StreamOrDevice s = {});
+
+class CpuArgMax : public mx::UnaryPrimitive {
+ public:
+  explicit CpuArgMax(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "CpuArgMax"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+};
+
 // silu(gate) * x (mlx-lm's swiglu) in one pass, rounded as MLX's own ops round each step.
 mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s = {});
 
