@@ -3,9 +3,10 @@ against the headless chat path on the same prompt.
 
 Starts `exo-tui serve` in a subprocess on a free port, then for 1, 2, 4, 8 and 16 concurrent
 streams prints the aggregate decode tok/s, each stream's time to first token (p50, p95) and the
-ratio of the aggregate to one stream's. Then runs one API stream and the same prompt through
-`LocalBackend.generate` in this process (what `exo-tui chat` runs) in turns, and prints the
-one against the other. Greedy decoding: both paths produce the same tokens.
+ratio of the aggregate to one stream's. Then runs one API stream (with the openai client, then
+read as plain SSE lines) between runs of the same prompt through `LocalBackend.generate` in this
+process (what `exo-tui chat` runs), and prints each stream's rate over the mean of its two
+neighbours', the median of those. Greedy decoding: both paths produce the same tokens.
 
     .venv/bin/python bench/api.py [--model PATH] [--streams 1,2,4,8,16] [--max-tokens 64]
 
