@@ -105,35 +105,50 @@ void silu_mul(const void* gate, const void* x, void* out, Scalar type, std::size
   }
 }
 
-// The index of each row's largest value, rows [r0, r1) of `n` values, as MLX's argmax gives it:
-// the first of equal largest values, and a NaN counts as larger than any (the first NaN's).
-void argmax_rows(const void* x, Scalar type, int n, long r0, long r1, uint32_t* out) {
+// Row r of x (rows of `n` values of `type`) in fp32, in a buffer of this thread's (valid until
+// its next call).
+const float* row_as_f32(const void* x, Scalar type, int n, long r) {
   const std::size_t size = type == Scalar::f32 ? 4 : 2;
   thread_local std::vector<float> row;
   row.resize(static_cast<std::size_t>(n) + L);
+  to_f32(static_cast<const char*>(x) + static_cast<std::size_t>(r) * n * size, type,
+         static_cast<std::size_t>(n), row.data());
+  return row.data();
+}
+
+// The largest of `n` values, NaNs passed over (-inf where there are no others); `nan` is set
+// to whether there was one.
+float largest(const float* row, int n, bool& nan) {
+  vf tops = vf{} - INFINITY;
+  vi nans = vi{};
+  int i = 0;
+  for (; i + L <= n; i += L) {
+    const vf v = load(row + i);
+    tops = select(v > tops, v, tops);  // (false for a NaN)
+    nans |= v != v;
+  }
+  float top = -INFINITY;
+  nan = false;
+  for (int l = 0; l < L; ++l) {
+    top = std::max(top, tops[l]);
+    nan = nan || nans[l] != 0;
+  }
+  for (; i < n; ++i) {
+    top = row[i] > top ? row[i] : top;
+    nan = nan || std::isnan(row[i]);
+  }
+  return top;
+}
+
+// The index of each row's largest value, rows [r0, r1) of `n` values, as MLX's argmax gives it:
+// the first of equal largest values, and a NaN counts as larger than any (the first NaN's).
+void argmax_rows(const void* x, Scalar type, int n, long r0, long r1, uint32_t* out) {
   for (long r = r0; r < r1; ++r) {
-    to_f32(static_cast<const char*>(x) + static_cast<std::size_t>(r) * n * size, type,
-           static_cast<std::size_t>(n), row.data());
-    vf tops = vf{} - INFINITY;
-    vi nans = vi{};
-    int i = 0;
-    for (; i + L <= n; i += L) {
-      const vf v = load(row.data() + i);
-      tops = select(v > tops, v, tops);
-      nans |= v != v;
-    }
-    float top = row[0];
-    bool any_nan = false;
-    for (int l = 0; l < L; ++l) {
-      top = std::max(top, tops[l]);
-      any_nan = any_nan || nans[l] != 0;
-    }
-    for (; i < n; ++i) {
-      top = row[i] > top ? row[i] : top;
-      any_nan = any_nan || std::isnan(row[i]);
-    }
+    const float* row = row_as_f32(x, type, n, r);
+    bool nan = false;
+    const float top = largest(row, n, nan);
     uint32_t at = 0;  // the row holds a NaN, or top, so each search ends within it
-    if (any_nan || std::isnan(top))
+    if (nan)
       while (!std::isnan(row[at])) ++at;
     else
       while (!(row[at] == top)) ++at;
@@ -145,28 +160,18 @@ void argmax_rows(const void* x, Scalar type, int n, long r0, long r1, uint32_t* 
 // out first), each rounded once to `type` into out[row].
 void logsumexp_rows(const void* x, Scalar type, int n, long r0, long r1, void* out) {
   const std::size_t size = type == Scalar::f32 ? 4 : 2;
-  thread_local std::vector<float> row;
-  row.resize(static_cast<std::size_t>(n) + L);
   for (long r = r0; r < r1; ++r) {
-    to_f32(static_cast<const char*>(x) + static_cast<std::size_t>(r) * n * size, type,
-           static_cast<std::size_t>(n), row.data());
-    float top = -INFINITY;
-    int i = 0;
-    vf tops = vf{} - INFINITY;
-    for (; i + L <= n; i += L) {
-      const vf v = load(row.data() + i);
-      tops = select(v > tops, v, tops);
-    }
-    for (int l = 0; l < L; ++l) top = std::max(top, tops[l]);
-    for (; i < n; ++i) top = std::max(top, row[i]);
+    const float* row = row_as_f32(x, type, n, r);
+    bool nan = false;  // (a NaN gives NaN through the sum)
+    const float top = largest(row, n, nan);
     float total = 0.0f;
     if (std::isfinite(top)) {
       // Four sums side by side: a long row's rounding grows with the additions each takes.
       vf sums[4] = {};
-      i = 0;
+      int i = 0;
       for (; i + 4 * L <= n; i += 4 * L)
-        for (int s = 0; s < 4; ++s) sums[s] += exp_nonpositive(load(row.data() + i + s * L) - top);
-      for (; i + L <= n; i += L) sums[0] += exp_nonpositive(load(row.data() + i) - top);
+        for (int s = 0; s < 4; ++s) sums[s] += exp_nonpositive(load(row + i + s * L) - top);
+      for (; i + L <= n; i += L) sums[0] += exp_nonpositive(load(row + i) - top);
       total = lane_sum((sums[0] + sums[1]) + (sums[2] + sums[3]));
       for (; i < n; ++i) total += std::exp(row[i] - top);
     }

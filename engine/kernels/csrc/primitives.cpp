@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 
@@ -46,6 +47,30 @@ mx::cpu::CommandEncoder& prepared_encoder(mx::Stream stream, const std::vector<m
   for (const auto& input : inputs) encoder.set_input_array(input);
   encoder.set_output_array(out);
   return encoder;
+}
+
+// x for a reduction over its last axis (logsumexp, argmax): a float type, a last axis with
+// values, contiguous on the CPU stream.
+mx::array last_axis_input(const mx::array& x, mx::Stream stream) {
+  if (x.ndim() < 1 || x.shape(-1) == 0)
+    throw std::invalid_argument("x needs a last axis with values");
+  scalar_of(x.dtype(), "x");
+  return mx::contiguous(x, false, stream);
+}
+
+// body(type, n, r0, r1) over x's rows (of its last axis, n values each), shared among the
+// threads: inside a dispatched task of an eval_cpu.
+void for_row_shares(const mx::array& x,
+                    const std::function<void(Scalar type, int n, long r0, long r1)>& body) {
+  const int n = x.shape(-1);
+  const long rows = static_cast<long>(x.size() / n);
+  if (rows == 0) return;
+  const Scalar type = scalar_of(x.dtype(), "x");
+  const int parts = work_parts(x.nbytes(), std::min<long>(thread_count(), rows));
+  parallel_for(parts, [&](int part) {
+    const long r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
+    if (r0 < r1) body(type, n, r0, r1);
+  });
 }
 
 }  // namespace
@@ -114,28 +139,18 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
 }
 
 mx::array logsumexp_last(const mx::array& x, mx::StreamOrDevice s) {
-  if (x.ndim() < 1 || x.shape(-1) == 0)
-    throw std::invalid_argument("x needs a last axis with values");
-  scalar_of(x.dtype(), "x");
   mx::Stream stream = cpu_stream(s);
-  return mx::array(with_last(x, 1), x.dtype(), std::make_shared<CpuLogSumExp>(stream),
-                   {mx::contiguous(x, false, stream)});
+  mx::array input = last_axis_input(x, stream);
+  return mx::array(with_last(x, 1), x.dtype(), std::make_shared<CpuLogSumExp>(stream), {input});
 }
 
 void CpuLogSumExp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& encoder = prepared_encoder(stream(), inputs, out);
   encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
                     out = mx::array::unsafe_weak_copy(out)]() mutable {
-    const int n = x.shape(-1);
-    const long rows = static_cast<long>(x.size() / n);
-    if (rows == 0) return;
     const Isa& isa = best_isa();
-    const Scalar type = scalar_of(x.dtype(), "x");
-    const std::size_t bytes = x.nbytes();
-    const int parts = work_parts(bytes, std::min<long>(thread_count(), rows));
-    parallel_for(parts, [&](int part) {
-      const long r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
-      if (r0 < r1) isa.logsumexp_rows(x.data<void>(), type, n, r0, r1, out.data<void>());
+    for_row_shares(x, [&](Scalar type, int n, long r0, long r1) {
+      isa.logsumexp_rows(x.data<void>(), type, n, r0, r1, out.data<void>());
     });
   });
 }
@@ -145,29 +160,20 @@ void CpuLogSumExp::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 }
 
 mx::array argmax_last(const mx::array& x, mx::StreamOrDevice s) {
-  if (x.ndim() < 1 || x.shape(-1) == 0)
-    throw std::invalid_argument("x needs a last axis with values");
-  scalar_of(x.dtype(), "x");
   mx::Stream stream = cpu_stream(s);
+  mx::array input = last_axis_input(x, stream);
   mx::Shape shape = x.shape();
   shape.pop_back();
-  return mx::array(shape, mx::uint32, std::make_shared<CpuArgMax>(stream),
-                   {mx::contiguous(x, false, stream)});
+  return mx::array(shape, mx::uint32, std::make_shared<CpuArgMax>(stream), {input});
 }
 
 void CpuArgMax::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& encoder = prepared_encoder(stream(), inputs, out);
   encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
                     out = mx::array::unsafe_weak_copy(out)]() mutable {
-    const int n = x.shape(-1);
-    const long rows = static_cast<long>(x.size() / n);
-    if (rows == 0) return;
     const Isa& isa = best_isa();
-    const Scalar type = scalar_of(x.dtype(), "x");
-    const int parts = work_parts(x.nbytes(), std::min<long>(thread_count(), rows));
-    parallel_for(parts, [&](int part) {
-      const long r0 = rows * part / parts, r1 = rows * (part + 1) / parts;
-      if (r0 < r1) isa.argmax_rows(x.data<void>(), type, n, r0, r1, out.data<uint32_t>());
+    for_row_shares(x, [&](Scalar type, int n, long r0, long r1) {
+      isa.argmax_rows(x.data<void>(), type, n, r0, r1, out.data<uint32_t>());
     });
   });
 }
