@@ -74,6 +74,17 @@ inline void transpose_dwords(__m512i& a, __m512i& b, __m512i& c, __m512i& d) {
 // prepare_int8_512).
 constexpr int int8_chunk(int lane) { return 4 * (lane % 4) + lane / 4; }
 
+// For a permute: lane L gets entry int8_chunk(L) / PER, the group of PER * 32 values it covers.
+template <int PER>
+inline __m512i int8_lane_groups() {
+  alignas(64) static constexpr auto table = [] {
+    std::array<int, 16> groups{};
+    for (int lane = 0; lane < 16; ++lane) groups[lane] = int8_chunk(lane) / PER;
+    return groups;
+  }();
+  return _mm512_load_si512(table.data());
+}
+
 // 512 values of x (a step of the 8-bit layout). The weights' 256 packed bytes are read as 4
 // vectors and their dwords transposed (transpose_dwords): lane L of each then holds 4 bytes,
 // 8 values, of the same 32 values (int8_chunk(L)), and unpacked (low nibbles, high nibbles)
@@ -102,13 +113,8 @@ void prepare_int8_512(const uint16_t* x, int8_t* out, float* sums) {
     const int parity = values == even ? 0 : 1;
     for (int j = 0; j < 4; ++j) _mm512_store_si512(out + 64 * (2 * j + parity), v[j]);
   }
-  alignas(64) static constexpr int block_of_lane[16] = {
-      int8_chunk(0) / 2,  int8_chunk(1) / 2,  int8_chunk(2) / 2,  int8_chunk(3) / 2,
-      int8_chunk(4) / 2,  int8_chunk(5) / 2,  int8_chunk(6) / 2,  int8_chunk(7) / 2,
-      int8_chunk(8) / 2,  int8_chunk(9) / 2,  int8_chunk(10) / 2, int8_chunk(11) / 2,
-      int8_chunk(12) / 2, int8_chunk(13) / 2, int8_chunk(14) / 2, int8_chunk(15) / 2};
   _mm512_store_ps(reinterpret_cast<float*>(out + 512),
-                  _mm512_permutexvar_ps(_mm512_load_si512(block_of_lane),
+                  _mm512_permutexvar_ps(int8_lane_groups<2>(),  // x's steps are per 64 values
                                         _mm512_castps256_ps512(_mm256_load_ps(block_step))));
 }
 
@@ -224,14 +230,8 @@ inline __m512 scales_of_512(const uint16_t* scales, int step) {
   else
     words = _mm512_cvtepu16_epi32(
         _mm256_castsi128_si256(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at))));
-  constexpr int per = GS / 32;
-  alignas(64) static constexpr int group_of_lane[16] = {
-      int8_chunk(0) / per,  int8_chunk(1) / per,  int8_chunk(2) / per,  int8_chunk(3) / per,
-      int8_chunk(4) / per,  int8_chunk(5) / per,  int8_chunk(6) / per,  int8_chunk(7) / per,
-      int8_chunk(8) / per,  int8_chunk(9) / per,  int8_chunk(10) / per, int8_chunk(11) / per,
-      int8_chunk(12) / per, int8_chunk(13) / per, int8_chunk(14) / per, int8_chunk(15) / per};
   return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_permutexvar_epi32(_mm512_load_si512(group_of_lane), words), 16));
+      _mm512_slli_epi32(_mm512_permutexvar_epi32(int8_lane_groups<GS / 32>(), words), 16));
 }
 
 // One weight row's 512 values (256 packed bytes) against MR rows of x, each `x_stride` bytes

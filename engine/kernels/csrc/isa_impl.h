@@ -2,6 +2,7 @@
 // set: each isa_*.cpp defines ISA_NS, ISA_NAME and LANES, then includes this file with its own
 // compiler flags, so a table never holds an instruction its CPU check did not allow.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>

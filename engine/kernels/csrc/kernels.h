@@ -101,9 +101,9 @@ struct Isa {
   // k values and k / 8 scales a row. nullptr where the table has no integer dot products.
   void (*prepare_int_x)(const uint16_t* x, int rows, int k, int16_t* xq, float* scales);
   // The same for several rows of x (k a multiple of 256), as 8-bit integers: twice the
-  // products an instruction, with a coarser rounding of x (see isa_impl.h); int8_x_bytes(rows,
-  // k) of them, and each 32 values' sum as rounded (k / 32 a row). nullptr where prepare_int_x
-  // is.
+  // products an instruction, with a coarser rounding of x (see int8_gemv_impl.h);
+  // int8_x_bytes(rows, k) of them, and each 32 values' sum as rounded (k / 32 a row). nullptr
+  // where prepare_int_x is.
   void (*prepare_int8_x)(const uint16_t* x, int rows, int k, int8_t* xq, float* sums);
   void (*half_gemv)(const HalfArgs&, int n0, int n1);
   // Weight rows [n0, n1) as fp32, row-major into `tile` (row n0 first), for BLAS.

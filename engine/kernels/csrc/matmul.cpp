@@ -157,7 +157,7 @@ GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int
   const int groups = k / group_size;
   float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
   out.sums = sums;
-  // 8-bit integers take x 256 values at a time.
+  // 8-bit integers take x in steps of 512 values (the last of 256; see int8_x_offset).
   if (nibble_dot && layout && !tiles && rows >= int8_min_rows && k % 256 == 0) {
     // On a 64-byte line: each 64-byte load then reads one line, not parts of two.
     s.int8_x.resize(std::max(s.int8_x.size(), int8_x_bytes(rows, k) + 64));
