@@ -81,6 +81,7 @@ def materialise_layers(layers: Sequence[nn.Module], rank: int = 0) -> Generator[
         if index + 1 < total:
             mx.async_eval(layers[index + 1].parameters())
         mx.eval(layer.parameters())
+        kernels.back_with_huge_pages([array for _, array in _leaves(layer)])
         yield LoadProgress(layers_loaded=index + 1, total=total, rank=rank)
 
 
@@ -143,6 +144,7 @@ def load_model(
     layer_ids = {id(array) for layer in layers for _, array in _leaves(layer)}
     rest = [array for _, array in _leaves(model) if id(array) not in layer_ids]
     mx.eval(rest)
+    kernels.back_with_huge_pages(rest)
     yield from materialise_layers(layers, rank)
     return LoadedModel(model=model, tokenizer=tokenizer, card=card, config=config, blas=blas_in_use)
 

@@ -3,8 +3,10 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "amx.h"
+#include "huge_pages.h"
 #include "kernels.h"
 #include "matmul.h"
 #include "mlx/version.h"
@@ -42,6 +44,9 @@ NB_MODULE(_kernels, m) {
   m.def("decode_attention", &exo_kernels::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
         "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
         "softmax(scale * q @ k.T + mask) @ v, for decoding's few query rows a head");
+  m.def("back_with_huge_pages", &exo_kernels::back_with_huge_pages, "arrays"_a,
+        nb::call_guard<nb::gil_scoped_release>(),
+        "Put the evaluated arrays' memory on transparent huge pages (Linux); the bytes moved");
   m.def("isa", [] { return std::string(exo_kernels::best_isa().name); },
         "The instruction set the kernels run with on this CPU");
   m.def("isa_supported", [](const std::string& name) {
