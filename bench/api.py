@@ -3,10 +3,11 @@ against the headless chat path on the same prompt.
 
 Starts `exo-tui serve` in a subprocess on a free port, then for 1, 2, 4, 8 and 16 concurrent
 streams prints the aggregate decode tok/s, each stream's time to first token (p50, p95) and the
-ratio of the aggregate to one stream's. Then runs one API stream (with the openai client, then
-read as plain SSE lines) between runs of the same prompt through `LocalBackend.generate` in this
-process (what `exo-tui chat` runs), and prints each stream's rate over the mean of its two
-neighbours', the median of those. Greedy decoding: both paths produce the same tokens.
+ratio of the aggregate to one stream's. Then, in rounds that each start a new server and a new
+process answering through `LocalBackend.generate` (what `exo-tui chat` runs), runs one API
+stream (with the openai client, or read as plain SSE lines) between two headless answers, and
+prints each stream's rate over the mean of its two neighbours', the median of those. Greedy
+decoding: both paths produce the same tokens.
 
     .venv/bin/python bench/api.py [--model PATH] [--streams 1,2,4,8,16] [--max-tokens 64]
 
@@ -132,6 +133,43 @@ def headless(backend: object, max_tokens: int) -> tuple[float, int]:
     return tokens / (time.perf_counter() - started), tokens
 
 
+def headless_child(model: str, max_tokens: int) -> None:
+    """The headless chat in a process of its own: one answer for each line read."""
+    backend = headless_backend(model)
+    headless(backend, max_tokens)  # warm-up
+    print("ready", flush=True)
+    for _ in sys.stdin:
+        rate, tokens = headless(backend, max_tokens)
+        print(rate, tokens, flush=True)
+
+
+class HeadlessChat:
+    """A `headless_child` process, answering when asked."""
+
+    def __init__(self, model: str, max_tokens: int) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--model", model, "--max-tokens", str(max_tokens),
+             "--headless-child"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "ready":
+            raise SystemExit(f"the headless chat did not start (exit {self.process.wait()})")
+
+    def answer(self) -> tuple[float, int]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+        rate, tokens = self.process.stdout.readline().split()
+        return float(rate), int(tokens)
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=120)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--model", default="demo", help="a model name or folder (default demo)")
@@ -140,22 +178,44 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=5, help="rounds of each size to take the median of"
     )
+    parser.add_argument("--headless-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    if args.headless_child:
+        headless_child(args.model, args.max_tokens)
+        return
     counts = [int(n) for n in args.streams.split(",")]
 
-    sys.path.insert(0, str(ROOT))
     from engine.models.finding import resolve_model
 
     name = resolve_model(args.model).name
     process, url = start_server(args.model, max(counts))
     try:
-        asyncio.run(measure(url, name, args, counts))
+        asyncio.run(measure_streams(url, name, args, counts))
     finally:
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=120)
+        stop(process)
+    ratios: dict[str, list[float]] = {"api": [], "raw": []}
+    rates: dict[str, list[float]] = {"api": [], "raw": [], "chat": []}
+    tokens = 0
+    for _ in range(args.repeats):
+        tokens = one_round_against_headless(args, name, ratios, rates)
+    median = statistics.median
+    print(f"one stream, request to last token ({tokens} tokens; {args.repeats} rounds, each with "
+          f"a new server and a new headless chat process, every API stream between two headless "
+          f"chats): headless chat {median(rates['chat']):.1f} tok/s; "
+          f"API with the openai client {median(rates['api']):.1f} "
+          f"({median(ratios['api']):.2f}x its neighbours, median; "
+          f"{min(ratios['api']):.2f}-{max(ratios['api']):.2f}), read as plain SSE lines "
+          f"{median(rates['raw']):.1f} ({median(ratios['raw']):.2f}x; "
+          f"{min(ratios['raw']):.2f}-{max(ratios['raw']):.2f})")  # fmt: skip
 
 
-async def measure(url: str, name: str, args: argparse.Namespace, counts: list[int]) -> None:
+def stop(process: subprocess.Popen[str]) -> None:
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=120)
+
+
+async def measure_streams(url: str, name: str, args: argparse.Namespace, counts: list[int]) -> None:
     from openai import AsyncOpenAI
 
     # One client for every round, as an application keeps one: its connections are reused.
@@ -178,38 +238,59 @@ async def measure(url: str, name: str, args: argparse.Namespace, counts: list[in
         ratio = f"{result['aggregate'] / base:>6.2f}" if base else f"{'':>6}"
         print(f"{count:>7} {result['aggregate']:>9.1f} {ratio} "
               f"{result['p50'] * 1000:>7.0f}ms {result['p95'] * 1000:>7.0f}ms")  # fmt: skip
-    # One stream against the headless chat: each API stream between two chats (the server
-    # idles while they run here), and its ratio to their mean; the median of those ratios.
-    # This machine's speed drifts over minutes: a ratio of neighbours carries little of it.
-    backend = headless_backend(args.model)
-    headless(backend, args.max_tokens)  # warm-up
-    import httpx
+    await api.close()
 
+
+def one_round_against_headless(
+    args: argparse.Namespace,
+    name: str,
+    ratios: dict[str, list[float]],
+    rates: dict[str, list[float]],
+) -> int:
+    """One stream through a new server against the headless chat in a new process: each API
+    stream between two headless answers, its ratio to their mean. Both sides run in processes
+    of their own, new each round: on this machine one process decodes up to a tenth faster
+    than another with the same code (where its memory landed), and a ratio of two processes
+    taken once would carry that. The speed drifts over minutes too: neighbours carry little of
+    it."""
+    process, url = start_server(args.model, 1)
+    chat = HeadlessChat(args.model, args.max_tokens)
+    try:
+        return asyncio.run(_one_round(url, name, args.max_tokens, chat, ratios, rates))
+    finally:
+        chat.close()
+        stop(process)
+
+
+async def _one_round(
+    url: str,
+    name: str,
+    max_tokens: int,
+    chat: HeadlessChat,
+    ratios: dict[str, list[float]],
+    rates: dict[str, list[float]],
+) -> int:
+    import httpx
+    from openai import AsyncOpenAI
+
+    api = AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
     raw = httpx.AsyncClient(timeout=600)
-    rates: dict[str, list[float]] = {"api": [], "raw": [], "chat": []}
-    ratios: dict[str, list[float]] = {"api": [], "raw": []}
-    chat_before, tokens = headless(backend, args.max_tokens)
-    for _ in range(args.repeats):
-        for kind in ("api", "raw"):
-            if kind == "api":
-                rate = (await round_of(api, name, 1, args.max_tokens))["one_stream_e2e"]
-            else:
-                rate = await raw_stream(raw, url, name, args.max_tokens)
-            chat_after, tokens = headless(backend, args.max_tokens)
-            rates[kind].append(rate)
-            rates["chat"].append(chat_after)
-            ratios[kind].append(rate / ((chat_before + chat_after) / 2))
-            chat_before = chat_after
+    await round_of(api, name, 1, max_tokens)  # warm-up
+    await raw_stream(raw, url, name, max_tokens)
+    before, tokens = chat.answer()
+    for kind in ("api", "raw", "api", "raw"):
+        if kind == "api":
+            rate = (await round_of(api, name, 1, max_tokens))["one_stream_e2e"]
+        else:
+            rate = await raw_stream(raw, url, name, max_tokens)
+        after, tokens = chat.answer()
+        rates[kind].append(rate)
+        rates["chat"].append(after)
+        ratios[kind].append(rate / ((before + after) / 2))
+        before = after
     await api.close()
     await raw.aclose()
-    median = statistics.median
-    print(f"one stream, request to last token ({tokens} tokens, {args.repeats} of each, every "
-          f"one between two headless chats): headless chat {median(rates['chat']):.1f} tok/s; "
-          f"API with the openai client {median(rates['api']):.1f} "
-          f"({median(ratios['api']):.2f}x its neighbours, median; "
-          f"{min(ratios['api']):.2f}-{max(ratios['api']):.2f}), read as plain SSE lines "
-          f"{median(rates['raw']):.1f} ({median(ratios['raw']):.2f}x; "
-          f"{min(ratios['raw']):.2f}-{max(ratios['raw']):.2f})")  # fmt: skip
+    return tokens
 
 
 if __name__ == "__main__":
