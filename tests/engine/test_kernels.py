@@ -815,3 +815,25 @@ def test_many_rows_skip_a_scalar_blas(setting: str) -> None:
     assert (int(rows) >= 1 << 30) == (which == "reference"), done.stdout
     if setting == "off":
         assert which == "reference"
+
+
+def test_what_is_already_row_major_goes_in_without_a_copy_node(tmp_path: Path) -> None:
+    """Loaded weights and the kernels' own outputs go into a kernel as they are (a Contiguous
+    node in front of them would copy nothing but cost a dispatch every step); a view that is
+    not row-major still gets one, and both give the same values."""
+    w, scales, biases = mx.quantize(weights(64, 256, 0), 64, 4)
+    norm = mx.ones((256,))
+    x = mx.random.normal((1, 256), key=mx.random.key(1))
+    mx.eval(w, scales, biases, norm, x)
+
+    product = kernels.quantized_matmul(kernels.rms_norm(x, norm, 1e-5), w, scales, biases, 64, 4)
+    out = kernels.silu_mul(product, product)
+    graph = tmp_path / "graph.dot"
+    mx.export_to_dot(str(graph), out)
+    assert "Contiguous" not in graph.read_text()
+
+    lazy_view = mx.swapaxes(x.reshape(256, 1) * 1.0, 0, 1)  # unevaluated, strided
+    viewed = kernels.quantized_matmul(lazy_view, w, scales, biases, 64, 4)
+    mx.export_to_dot(str(graph), viewed)
+    assert "Contiguous" in graph.read_text()
+    assert mx.array_equal(viewed, kernels.quantized_matmul(x, w, scales, biases, 64, 4))

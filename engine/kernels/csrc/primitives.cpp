@@ -49,13 +49,24 @@ mx::cpu::CommandEncoder& prepared_encoder(mx::Stream stream, const std::vector<m
   return encoder;
 }
 
+// An input as the kernels read it: row-major and dense. The weights (loaded, so their layout is
+// known) and what the kernels make already are; a Contiguous node in front of them would copy
+// nothing, but every node is an operation MLX dispatches every step (they were half of a
+// decoding step's nodes), and its thread wakes for every ten of them.
+mx::array row_major(const mx::array& a, mx::Stream stream) {
+  const bool already = a.is_available()
+                           ? a.flags().row_contiguous
+                           : a.has_primitive() && dynamic_cast<const Kernel*>(&a.primitive());
+  return already ? a : mx::contiguous(a, false, stream);
+}
+
 // x for a reduction over its last axis (logsumexp, argmax): a float type, a last axis with
 // values, contiguous on the CPU stream.
 mx::array last_axis_input(const mx::array& x, mx::Stream stream) {
   if (x.ndim() < 1 || x.shape(-1) == 0)
     throw std::invalid_argument("x needs a last axis with values");
   scalar_of(x.dtype(), "x");
-  return mx::contiguous(x, false, stream);
+  return row_major(x, stream);
 }
 
 // body(type, n, r0, r1) over x's rows (of its last axis, n values each), shared among the
@@ -102,9 +113,8 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   const mx::Dtype out_type = mx::promote_types(x.dtype(), scales.dtype());
   return mx::array(
       with_last(x, n), out_type, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
-      {mx::contiguous(mx::astype(x, out_type, stream), false, stream),
-       mx::contiguous(w, false, stream), mx::contiguous(scales, false, stream),
-       mx::contiguous(biases, false, stream)});
+      {row_major(mx::astype(x, out_type, stream), stream), row_major(w, stream),
+       row_major(scales, stream), row_major(biases, stream)});
 }
 
 mx::array dense_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s) {
@@ -120,8 +130,7 @@ mx::array dense_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevic
   mx::Stream stream = cpu_stream(s);
   const mx::Dtype out_type = mx::promote_types(x.dtype(), w.dtype());
   return mx::array(with_last(x, w.shape(0)), out_type, std::make_shared<CpuDenseMatmul>(stream),
-                   {mx::contiguous(mx::astype(x, out_type, stream), false, stream),
-                    mx::contiguous(w, false, stream)});
+                   {row_major(mx::astype(x, out_type, stream), stream), row_major(w, stream)});
 }
 
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s) {
@@ -135,7 +144,7 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
   scalar_of(x.dtype(), "x");
   mx::Stream stream = cpu_stream(s);
   return mx::array(x.shape(), x.dtype(), std::make_shared<CpuRmsNorm>(stream, eps),
-                   {mx::contiguous(x, false, stream), mx::contiguous(w, false, stream)});
+                   {row_major(x, stream), row_major(w, stream)});
 }
 
 mx::array logsumexp_last(const mx::array& x, mx::StreamOrDevice s) {
@@ -188,7 +197,7 @@ mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice
   scalar_of(x.dtype(), "x");
   mx::Stream stream = cpu_stream(s);
   return mx::array(x.shape(), x.dtype(), std::make_shared<CpuSiluMul>(stream),
-                   {mx::contiguous(gate, false, stream), mx::contiguous(x, false, stream)});
+                   {row_major(gate, stream), row_major(x, stream)});
 }
 
 void CpuSiluMul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -231,13 +240,13 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
     throw std::invalid_argument("q, k and v must share a dtype");
   scalar_of(q.dtype(), "q");
   mx::Stream stream = cpu_stream(s);
-  std::vector<mx::array> inputs{mx::contiguous(q, false, stream), k, v};
+  std::vector<mx::array> inputs{row_major(q, stream), k, v};
   int mask_kind = 0;
   if (mask.has_value()) {
     const mx::Shape full{q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
     mask_kind = mask->dtype() == mx::bool_ ? 1 : 2;
     mx::array m = mask_kind == 1 ? *mask : mx::astype(*mask, mx::float32, stream);
-    inputs.push_back(mx::contiguous(mx::broadcast_to(m, full, stream), false, stream));
+    inputs.push_back(row_major(mx::broadcast_to(m, full, stream), stream));
   }
   return mx::array(q.shape(), q.dtype(),
                    std::make_shared<CpuDecodeAttention>(stream, scale, mask_kind),

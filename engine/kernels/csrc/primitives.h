@@ -30,11 +30,17 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
                            float scale, const std::optional<mx::array>& mask,
                            mx::StreamOrDevice s = {});
 
+// What every primitive here also is: its output is a new row-major array, so a kernel that
+// takes it as an input needs no Contiguous node in front of it (see row_major).
+struct Kernel {
+  virtual ~Kernel() = default;
+};
+
 // mx.logsumexp(x, axis=-1, keepdims=True): the logits' normaliser at every sampling step,
 // which MLX's CPU computes with a scalar exp.
 mx::array logsumexp_last(const mx::array& x, mx::StreamOrDevice s = {});
 
-class CpuLogSumExp : public mx::UnaryPrimitive {
+class CpuLogSumExp : public mx::UnaryPrimitive, public Kernel {
  public:
   explicit CpuLogSumExp(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -47,7 +53,7 @@ class CpuLogSumExp : public mx::UnaryPrimitive {
 // scalar loop over every logit of every row.
 mx::array argmax_last(const mx::array& x, mx::StreamOrDevice s = {});
 
-class CpuArgMax : public mx::UnaryPrimitive {
+class CpuArgMax : public mx::UnaryPrimitive, public Kernel {
  public:
   explicit CpuArgMax(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -59,7 +65,7 @@ class CpuArgMax : public mx::UnaryPrimitive {
 // silu(gate) * x (mlx-lm's swiglu) in one pass, rounded as MLX's own ops round each step.
 mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s = {});
 
-class CpuSiluMul : public mx::UnaryPrimitive {
+class CpuSiluMul : public mx::UnaryPrimitive, public Kernel {
  public:
   explicit CpuSiluMul(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -68,7 +74,7 @@ class CpuSiluMul : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
-class CpuDecodeAttention : public mx::UnaryPrimitive {
+class CpuDecodeAttention : public mx::UnaryPrimitive, public Kernel {
  public:
   CpuDecodeAttention(mx::Stream stream, float scale, int mask_kind)
       : mx::UnaryPrimitive(stream), scale_(scale), mask_kind_(mask_kind) {}
@@ -85,7 +91,7 @@ class CpuDecodeAttention : public mx::UnaryPrimitive {
   int mask_kind_;
 };
 
-class CpuQuantizedMatmul : public mx::UnaryPrimitive {
+class CpuQuantizedMatmul : public mx::UnaryPrimitive, public Kernel {
  public:
   CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits)
       : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
@@ -99,7 +105,7 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
   int bits_;
 };
 
-class CpuDenseMatmul : public mx::UnaryPrimitive {
+class CpuDenseMatmul : public mx::UnaryPrimitive, public Kernel {
  public:
   explicit CpuDenseMatmul(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -108,7 +114,7 @@ class CpuDenseMatmul : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
-class CpuRmsNorm : public mx::UnaryPrimitive {
+class CpuRmsNorm : public mx::UnaryPrimitive, public Kernel {
  public:
   CpuRmsNorm(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -128,7 +134,7 @@ class CpuRmsNorm : public mx::UnaryPrimitive {
 mx::array rope(const mx::array& x, const mx::array& inv_freqs, const mx::array& offset, int dims,
                bool traditional, float scale, mx::StreamOrDevice s = {});
 
-class CpuRope : public mx::UnaryPrimitive {
+class CpuRope : public mx::UnaryPrimitive, public Kernel {
  public:
   CpuRope(mx::Stream stream, int dims, bool traditional, float scale)
       : mx::UnaryPrimitive(stream), dims_(dims), traditional_(traditional), scale_(scale) {}
