@@ -33,12 +33,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "hello, who are you and what can you do?"  # the demo answers it in text, at length
 
 
+def child_env() -> dict[str, str]:
+    """The environment of the processes the bench starts: this checkout, offline."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+
+
 def start_server(model: str, streams: int) -> tuple[subprocess.Popen[str], str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "exo_tui.cli", "serve", "--model", model, "--port", "0",
          "--max-queue", str(max(16, streams))],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+        env=child_env(),
     )  # fmt: skip
     assert process.stdout is not None
     for line in process.stdout:
@@ -151,7 +156,7 @@ class HeadlessChat:
             [sys.executable, __file__, "--model", model, "--max-tokens", str(max_tokens),
              "--headless-child"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"},
+            env=child_env(),
         )  # fmt: skip
         assert self.process.stdout is not None
         if self.process.stdout.readline().strip() != "ready":

@@ -80,8 +80,9 @@ def materialise_layers(layers: Sequence[nn.Module], rank: int = 0) -> Generator[
         # and overlapping them keeps per-layer progress nearly as fast as one eval of all.
         if index + 1 < total:
             mx.async_eval(layers[index + 1].parameters())
-        mx.eval(layer.parameters())
-        kernels.back_with_huge_pages([array for _, array in _leaves(layer)])
+        weights = [array for _, array in _leaves(layer)]
+        mx.eval(weights)
+        kernels.back_with_huge_pages(weights)
         yield LoadProgress(layers_loaded=index + 1, total=total, rank=rank)
 
 
