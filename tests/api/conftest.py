@@ -1,9 +1,11 @@
 """Fixtures for the API's tests: the demo model and a tiny one behind LocalBackend, a real
-uvicorn on a free loopback port, and a backend that holds its answers until a test lets go."""
+uvicorn on a free loopback port, a backend that holds its answers until a test lets go, and one
+that hands its tokens over at a set pace."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -97,3 +99,28 @@ class HeldBackend:
     def forget_history(self) -> None: ...
 
     def unload(self) -> None: ...
+
+
+class PacedBackend:
+    """The real backend on its own path (`answer`, batched), each chunk handed over no sooner
+    than `seconds` after the last: a test that must act while an answer runs then does not
+    race the tiny model, which is fast enough to finish first on a busy machine."""
+
+    def __init__(self, inner: LocalBackend, seconds: float) -> None:
+        self.inner = inner
+        self.seconds = seconds
+
+    @property
+    def card(self) -> ModelCard:
+        return self.inner.card
+
+    @property
+    def concurrency(self) -> int:
+        return self.inner.concurrency
+
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+        def paced(chunk: Chunk | Exception) -> None:
+            time.sleep(self.seconds)
+            deliver(chunk)
+
+        self.inner.answer(request, cancel, paced)

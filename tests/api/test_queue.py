@@ -11,7 +11,7 @@ from collections.abc import Callable
 import httpx
 
 from exo_tui.chat.backend import LocalBackend
-from tests.api.conftest import HeldBackend, Serve
+from tests.api.conftest import HeldBackend, PacedBackend, Serve
 
 HELLO = {"model": "demo", "messages": [{"role": "user", "content": "hello"}], "temperature": 0}
 
@@ -87,8 +87,9 @@ def test_queued_streams_say_their_place_and_answer_as_alone(
 
 
 def test_a_client_that_goes_frees_its_slot(serve: Serve, tiny_backend: LocalBackend) -> None:
-    """The tiny model never ends a turn on its own: only the disconnect stops it."""
-    served = serve(tiny_backend)
+    """The tiny model never ends a turn on its own: only the disconnect stops it (long before
+    the 1900 tokens at 100 a second)."""
+    served = serve(PacedBackend(tiny_backend, 0.01))
     name = tiny_backend.card.name
     body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1900}
     with httpx.stream(
