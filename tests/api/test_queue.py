@@ -138,7 +138,7 @@ def test_a_request_cancelled_from_the_board_leaves_the_queue(
 def test_a_running_answer_cancelled_from_the_board_still_ends_well(
     serve: Serve, tiny_backend: LocalBackend
 ) -> None:
-    served = serve(tiny_backend)
+    served = serve(PacedBackend(tiny_backend, 0.01))  # the cancel comes long before its end
     body = {
         "model": tiny_backend.card.name,
         "messages": [{"role": "user", "content": "hi"}],
