@@ -16,7 +16,7 @@ from engine.generate import validate
 from engine.types import ChatRequest, Chunk
 from exo_tui.api.errors import from_engine
 from exo_tui.api.loaded import BackendGetter
-from exo_tui.api.scheduler import CancelFlag, Queued, Scheduler
+from exo_tui.api.scheduler import CancelFlag, Queued, Scheduler, Started
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,8 @@ def watch_disconnect(request: Request, cancel: CancelFlag) -> asyncio.Task[None]
 
 
 async def first_of(
-    events: AsyncGenerator[Queued | Chunk], watcher: asyncio.Task[None]
-) -> Queued | Chunk:
+    events: AsyncGenerator[Queued | Started | Chunk], watcher: asyncio.Task[None]
+) -> Queued | Started | Chunk:
     """A stream's first event, taken before the response starts: a refusal before it is still
     an error response (a 400). Failing, the watcher and the stream are closed."""
     try:
@@ -80,8 +80,8 @@ async def first_of(
 
 
 async def then(
-    first: Queued | Chunk, rest: AsyncGenerator[Queued | Chunk]
-) -> AsyncGenerator[Queued | Chunk]:
+    first: Queued | Started | Chunk, rest: AsyncGenerator[Queued | Started | Chunk]
+) -> AsyncGenerator[Queued | Started | Chunk]:
     """`first` (already taken, to answer a refusal with a 400), then the rest."""
     try:
         yield first

@@ -51,7 +51,7 @@ from exo_tui.api.ollama_types import (
     Tags,
     Version,
 )
-from exo_tui.api.scheduler import Queued
+from exo_tui.api.scheduler import Queued, Started
 from exo_tui.chat.backend import Backend
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this one follows, for clients that check
@@ -210,7 +210,9 @@ async def _answer(
     )
 
 
-async def _whole(events: AsyncIterator[Queued | Chunk], shape: Shape, started: float) -> BaseModel:
+async def _whole(
+    events: AsyncIterator[Queued | Started | Chunk], shape: Shape, started: float
+) -> BaseModel:
     """The whole answer, once its thread has ended (the events run out)."""
     parts: list[MessageOut] = []
     done: DoneChunk | None = None
@@ -219,15 +221,15 @@ async def _whole(events: AsyncIterator[Queued | Chunk], shape: Shape, started: f
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
             done = done or event
-        elif not isinstance(event, Queued | PrefillProgress):  # (no wire word for one)
+        elif not isinstance(event, Queued | Started | PrefillProgress):  # (no wire word for one)
             parts.append(message_part(event))
     assert done is not None  # the scheduler always ends with one
     return shape(merged(parts), done, time.perf_counter() - started, None)
 
 
 async def _lines(
-    first: Queued | Chunk,
-    events: AsyncGenerator[Queued | Chunk],
+    first: Queued | Started | Chunk,
+    events: AsyncGenerator[Queued | Started | Chunk],
     watcher: asyncio.Task[None],
     shape: Shape,
     started: float,
@@ -235,10 +237,12 @@ async def _lines(
     try:
         if isinstance(first, Queued):
             yield _line(shape(MessageOut(), None, 0.0, first.position))
-        else:
+        elif not isinstance(first, Started):
             events = then(first, events)
         async for event in events:
-            if isinstance(event, Queued | PrefillProgress):  # (no wire word for a prefill step)
+            if isinstance(
+                event, Queued | Started | PrefillProgress
+            ):  # (no wire word for a prefill step)
                 continue
             if isinstance(event, ErrorChunk):
                 yield _line(ErrorOut(error=event.message))

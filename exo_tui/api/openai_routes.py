@@ -37,7 +37,7 @@ from exo_tui.api.openai_types import (
     ModelList,
     ModelObject,
 )
-from exo_tui.api.scheduler import Queued
+from exo_tui.api.scheduler import Queued, Started
 
 
 async def list_models(request: Request) -> Response:
@@ -70,7 +70,7 @@ async def chat_completions(request: Request) -> Response:
     )
 
 
-async def _whole(events: AsyncIterator[Queued | Chunk], model: str) -> ChatCompletion:
+async def _whole(events: AsyncIterator[Queued | Started | Chunk], model: str) -> ChatCompletion:
     """The whole answer, once its thread has ended (the events run out)."""
     deltas: list[Delta] = []
     done: DoneChunk | None = None
@@ -79,7 +79,7 @@ async def _whole(events: AsyncIterator[Queued | Chunk], model: str) -> ChatCompl
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
             done = done or event
-        elif not isinstance(event, Queued | PrefillProgress):  # (no wire word for one)
+        elif not isinstance(event, Queued | Started | PrefillProgress):  # (no wire word for one)
             deltas.append(delta(event, sum(len(d.tool_calls or ()) for d in deltas)))
     assert done is not None  # the scheduler always ends with one
     return ChatCompletion(
@@ -92,8 +92,8 @@ async def _whole(events: AsyncIterator[Queued | Chunk], model: str) -> ChatCompl
 
 
 async def _sse(
-    first: Queued | Chunk,
-    events: AsyncGenerator[Queued | Chunk],
+    first: Queued | Started | Chunk,
+    events: AsyncGenerator[Queued | Started | Chunk],
     watcher: asyncio.Task[None],
     model: str,
     include_usage: bool,
@@ -112,10 +112,12 @@ async def _sse(
         yield chunk(
             [ChunkChoice(delta=Delta(role="assistant", content=""))], queue_position=position
         )
-        if not isinstance(first, Queued):
+        if not isinstance(first, Queued | Started):
             events = then(first, events)
         async for event in events:
-            if isinstance(event, Queued | PrefillProgress):  # (no wire word for a prefill step)
+            if isinstance(
+                event, Queued | Started | PrefillProgress
+            ):  # (no wire word for a prefill step)
                 continue
             if isinstance(event, ErrorChunk):
                 error = ErrorResponse(error=ErrorBody(message=event.message, type="server_error"))

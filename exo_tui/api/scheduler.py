@@ -42,6 +42,13 @@ class Queued(Frozen):
     position: int
 
 
+class Started(Frozen):
+    """The backend took the request (no refusal came at once): its chunks follow. A stream's
+    response starts on it, while the model works on the first token."""
+
+    type: Literal["started"] = "started"
+
+
 class Failed(Frozen):
     """`generate` raised: refused (an EngineError, the client's to fix) or a fault here."""
 
@@ -50,7 +57,7 @@ class Failed(Frozen):
     refused: bool
 
 
-Event = Chunk | Failed | None  # None: the answer's thread has ended
+Event = Chunk | Started | Failed | None  # None: the answer's thread has ended
 
 
 class CancelFlag(threading.Event):
@@ -136,8 +143,9 @@ class Scheduler:
         self._grant()
         return job
 
-    async def stream(self, job: Job) -> AsyncGenerator[Queued | Chunk]:
-        """The job's chunks, after a `Queued` first if it waits, and always a DoneChunk last.
+    async def stream(self, job: Job) -> AsyncGenerator[Queued | Started | Chunk]:
+        """The job's chunks, after a `Queued` first if it waits and a `Started` once the
+        backend took it (unless a chunk came first), and always a DoneChunk last.
         Raises ApiError when it fails before its first chunk; a later failure is an
         ErrorChunk. Leaving early cancels it. The board shows what was handed over here: an
         answer whose client left before its end is cancelled, however far the model got."""
@@ -160,10 +168,11 @@ class Scheduler:
                     await job.events.hold(wait)
                     taken += job.events.take_ready()
                 for event in taken:
-                    if event is not None and not isinstance(event, Failed):
+                    if event is not None and not isinstance(event, Failed | Started):
                         meter.saw(event, job)
                 batch = _joined(taken)
-                last_sent = loop.time()
+                if any(not isinstance(event, Started) for event in batch):
+                    last_sent = loop.time()  # (a response's start holds no chunk back)
                 for event in batch:
                     if event is None:
                         ended = True
@@ -230,11 +239,16 @@ class Scheduler:
         """Start the job's answer; its chunks go to its inbox from the backend's thread."""
         loop = asyncio.get_running_loop()
         ended = threading.Lock()  # taken by the one call that ends the answer
+        putting = threading.Lock()  # the first item, and `Started` only before any
+        began = False
 
         def put(event: Event) -> None:
-            # False: the loop has closed, nobody reads this answer.
-            if not job.events.put(event, last=isinstance(event, DoneChunk)):
-                job.cancel.set()
+            nonlocal began
+            with putting:
+                began = True
+                # False: the loop has closed, nobody reads this answer.
+                if not job.events.put(event, last=isinstance(event, DoneChunk)):
+                    job.cancel.set()
 
         def end() -> None:
             if ended.acquire(blocking=False):
@@ -259,9 +273,14 @@ class Scheduler:
                     end()
 
         try:
-            await asyncio.to_thread(job.backend.answer, job.request, job, deliver)
+            taken = await asyncio.to_thread(job.backend.answer, job.request, job, deliver)
         except Exception as error:  # refused before it started (an EngineError), or a fault
             deliver(error)
+            return
+        with putting:
+            if taken and not began:
+                began = True
+                job.events.put(Started())
 
 
 def _joined(batch: list[Event]) -> list[Event]:

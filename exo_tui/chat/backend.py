@@ -66,11 +66,13 @@ class Backend(Protocol):
         """Stream the answer to `request`; the last chunk is a DoneChunk."""
         ...
 
-    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
         """Start the answer to `request` and return: `deliver` gets its chunks as `generate`
         would give them, from a thread of the backend's (see Deliver). What a server answers
         many requests with: a model in this process hands each chunk over from its own thread,
-        with no thread a request woken for every token. May raise EngineError at once."""
+        with no thread a request woken for every token. May raise EngineError at once. True:
+        the request is taken (a refusal would have been raised here); False: a refusal may
+        still come, as its first item."""
         ...
 
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
@@ -93,9 +95,10 @@ class Backend(Protocol):
 
 def answer_on_a_thread(
     generate: GenerateFn, request: ChatRequest, cancel: CancelToken, deliver: Deliver
-) -> None:
+) -> bool:
     """`Backend.answer` for a backend that streams on its caller's thread: `generate` runs on a
-    thread of its own, which stops reading at a cancel (the answer then ends cancelled)."""
+    thread of its own, which stops reading at a cancel (the answer then ends cancelled). False:
+    `generate` refuses as it starts, on that thread."""
 
     def run() -> None:
         ended = False
@@ -120,6 +123,7 @@ def answer_on_a_thread(
                 deliver(error)
 
     threading.Thread(target=run, name="answer", daemon=True).start()
+    return False
 
 
 def cancelled_done() -> DoneChunk:
@@ -174,12 +178,12 @@ class LocalBackend:
         with self._lock:  # after any next-turn prefill has stopped
             yield from generate(self.loaded, request, cancel)
 
-    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
         if self._batch is None:
-            answer_on_a_thread(self.generate, request, cancel, deliver)
-            return
+            return answer_on_a_thread(self.generate, request, cancel, deliver)
         self._a_turn_starts()
-        self._batch.submit(request, cancel, deliver)
+        self._batch.submit(request, cancel, deliver)  # raises a refusal here
+        return True
 
     def _a_turn_starts(self) -> None:
         # Prefills asked for from here on are for the turn after this one; those asked for
@@ -261,8 +265,8 @@ class ClusterBackend:
         elif error is not None:  # a bug or a lost connection: still said, not an empty answer
             yield from failure_chunks(f"{type(error).__name__}: {error}")
 
-    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
-        answer_on_a_thread(self.generate, request, cancel, deliver)
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
+        return answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
         """Nothing: the ranks keep their own caches."""
@@ -297,8 +301,8 @@ class RingBackend:
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         return self._chat(request, cancel)
 
-    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
-        answer_on_a_thread(self.generate, request, cancel, deliver)
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
+        return answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
         """Nothing: the ranks keep their own caches."""

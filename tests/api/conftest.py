@@ -84,8 +84,8 @@ class HeldBackend:
     def concurrency(self) -> int:
         return self._concurrency or self.inner.concurrency
 
-    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
-        answer_on_a_thread(self.generate, request, cancel, deliver)
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
+        return answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         self.started.release()
@@ -118,9 +118,9 @@ class PacedBackend:
     def concurrency(self) -> int:
         return self.inner.concurrency
 
-    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
         def paced(chunk: Chunk | Exception) -> None:
             time.sleep(self.seconds)
             deliver(chunk)
 
-        self.inner.answer(request, cancel, paced)
+        return self.inner.answer(request, cancel, paced)

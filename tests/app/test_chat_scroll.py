@@ -124,8 +124,8 @@ class LongAnswer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
-    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
-        answer_on_a_thread(self.generate, request, cancel, deliver)
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
+        return answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         while cancel is None or not cancel.is_set():

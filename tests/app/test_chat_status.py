@@ -155,8 +155,8 @@ class ToolFirst:
     def __getattr__(self, name: str) -> object:
         return getattr(self._backend, name)
 
-    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
-        answer_on_a_thread(self.generate, request, cancel, deliver)
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
+        return answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         self.rounds += 1

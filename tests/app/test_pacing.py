@@ -36,8 +36,8 @@ class ScriptedBackend:
     def __init__(self, chat: Callable[[ChatRequest, CancelToken | None], Iterator[Chunk]]) -> None:
         self._chat = chat
 
-    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> None:
-        answer_on_a_thread(self.generate, request, cancel, deliver)
+    def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
+        return answer_on_a_thread(self.generate, request, cancel, deliver)
 
     def generate(self, request: ChatRequest, cancel: CancelToken | None) -> Iterator[Chunk]:
         return self._chat(request, cancel)
