@@ -30,7 +30,8 @@ def demo_backend() -> Iterator[LocalBackend]:
 
 @pytest.fixture(scope="session")
 def tiny_backend(tiny_llama: Path) -> Iterator[LocalBackend]:
-    """Random weights that never end a turn: an answer runs until max_tokens or a cancel."""
+    """Random weights whose greedy answer to "hi" never ends a turn: it runs until max_tokens or
+    a cancel (sampled, it may end: its end-of-turn tokens are as likely as any)."""
     backend = LocalBackend(run_loading(load_model(tiny_llama), lambda _: None))
     yield backend
     backend.unload()
@@ -103,12 +104,15 @@ class HeldBackend:
 
 class PacedBackend:
     """The real backend on its own path (`answer`, batched), each chunk handed over no sooner
-    than `seconds` after the last: a test that must act while an answer runs then does not
-    race the tiny model, which is fast enough to finish first on a busy machine."""
+    than `seconds` after the last, and only once `gate` is open: a test that must act while an
+    answer runs then does not race the tiny model, which is fast enough to finish first on a
+    busy machine."""
 
-    def __init__(self, inner: LocalBackend, seconds: float) -> None:
+    def __init__(self, inner: LocalBackend, seconds: float = 0.0) -> None:
         self.inner = inner
         self.seconds = seconds
+        self.gate = threading.Event()
+        self.gate.set()
 
     @property
     def card(self) -> ModelCard:
@@ -120,6 +124,7 @@ class PacedBackend:
 
     def answer(self, request: ChatRequest, cancel: CancelToken, deliver: Deliver) -> bool:
         def paced(chunk: Chunk | Exception) -> None:
+            self.gate.wait()
             time.sleep(self.seconds)
             deliver(chunk)
 

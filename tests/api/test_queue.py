@@ -87,11 +87,16 @@ def test_queued_streams_say_their_place_and_answer_as_alone(
 
 
 def test_a_client_that_goes_frees_its_slot(serve: Serve, tiny_backend: LocalBackend) -> None:
-    """The tiny model never ends a turn on its own: only the disconnect stops it (long before
-    the 1900 tokens at 100 a second)."""
+    """The tiny model's greedy answer to "hi" runs to max_tokens: only the disconnect stops it
+    (long before the 1900 tokens at 100 a second)."""
     served = serve(PacedBackend(tiny_backend, 0.01))
     name = tiny_backend.card.name
-    body = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1900}
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 1900,
+        "temperature": 0,  # sampled, its random weights can pick an end of turn
+    }
     with httpx.stream(
         "POST", f"{served.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
     ) as response:
@@ -105,6 +110,33 @@ def test_a_client_that_goes_frees_its_slot(serve: Serve, tiny_backend: LocalBack
         f"{served.url}/v1/chat/completions", json={**body, "max_tokens": 5}, timeout=60
     )
     assert after.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_stream_starts_before_its_first_token(serve: Serve, tiny_backend: LocalBackend) -> None:
+    """Once the model has taken the request, its response and role chunk go out while the
+    first token is still being made (here: held back until the client has them)."""
+    paced = PacedBackend(tiny_backend)
+    paced.gate.clear()
+    served = serve(paced)
+    body = {
+        "model": tiny_backend.card.name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST", f"{served.url}/v1/chat/completions", json=body, timeout=60
+    ) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        first = json.loads(next(lines)[len("data: ") :])
+        assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert served.board.snapshot()[0].completion_tokens == 0  # no token handed over yet
+        paced.gate.set()
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events)
 
 
 def test_a_request_cancelled_from_the_board_leaves_the_queue(
@@ -143,6 +175,7 @@ def test_a_running_answer_cancelled_from_the_board_still_ends_well(
         "model": tiny_backend.card.name,
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 1900,
+        "temperature": 0,  # sampled, its random weights can pick an end of turn
     }
     answers: list[httpx.Response] = []
     asking = threading.Thread(
