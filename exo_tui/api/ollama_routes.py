@@ -240,9 +240,7 @@ async def _lines(
         elif not isinstance(first, Started):
             events = then(first, events)
         async for event in events:
-            if isinstance(
-                event, Queued | Started | PrefillProgress
-            ):  # (no wire word for a prefill step)
+            if isinstance(event, Queued | Started | PrefillProgress):  # (no wire word for one)
                 continue
             if isinstance(event, ErrorChunk):
                 yield _line(ErrorOut(error=event.message))

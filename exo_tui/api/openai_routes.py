@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from sse_starlette import EventSourceResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -97,14 +97,14 @@ async def _sse(
     watcher: asyncio.Task[None],
     model: str,
     include_usage: bool,
-) -> AsyncIterator[dict[str, str]]:
+) -> AsyncIterator[bytes]:
     cid, created = completion_id(), int(time.time())
 
-    def chunk(choices: list[ChunkChoice], **extra: object) -> dict[str, str]:
+    def chunk(choices: list[ChunkChoice], **extra: object) -> bytes:
         wire = ChatCompletionChunk.model_validate(
             {"id": cid, "created": created, "model": model, "choices": choices, **extra}
         )
-        return {"data": wire.model_dump_json(exclude_none=True)}
+        return sse(wire.model_dump_json(exclude_none=True))
 
     position = first.position if isinstance(first, Queued) else None
     calls = 0
@@ -115,24 +115,29 @@ async def _sse(
         if not isinstance(first, Queued | Started):
             events = then(first, events)
         async for event in events:
-            if isinstance(
-                event, Queued | Started | PrefillProgress
-            ):  # (no wire word for a prefill step)
+            if isinstance(event, Queued | Started | PrefillProgress):  # (no wire word for one)
                 continue
             if isinstance(event, ErrorChunk):
                 error = ErrorResponse(error=ErrorBody(message=event.message, type="server_error"))
-                yield {"data": error.model_dump_json(exclude_none=True)}
+                yield sse(error.model_dump_json(exclude_none=True))
             elif isinstance(event, DoneChunk):
-                yield chunk([ChunkChoice(delta=Delta(), finish_reason=finish(event.finish_reason))])
+                # The end in one write: the client wakes for it once, not three times.
+                end = chunk([ChunkChoice(delta=Delta(), finish_reason=finish(event.finish_reason))])
                 if include_usage:
-                    yield chunk([], usage=usage(event.usage))
+                    end += chunk([], usage=usage(event.usage))
+                yield end + sse("[DONE]")  # (the scheduler ends every stream with one)
             else:
                 yield chunk([ChunkChoice(delta=delta(event, calls))])
                 calls += event.type == "tool_call"
-        yield {"data": "[DONE]"}
     finally:
         watcher.cancel()
         await events.aclose()
+
+
+def sse(data: str) -> bytes:
+    """One server-sent event, as EventSourceResponse writes a `{"data": ...}` (lines end in
+    "\n")."""
+    return ServerSentEvent(data=data, sep="\n").encode()
 
 
 ROUTES = [
