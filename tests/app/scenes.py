@@ -12,6 +12,7 @@ from pathlib import Path
 
 from textual.pilot import Pilot
 from textual.widgets import Footer, Input, Static
+from textual.widgets._collapsible import CollapsibleTitle
 
 from engine.types import (
     DoneChunk,
@@ -137,6 +138,10 @@ async def chatting(app: ExoTuiApp, pilot: Pilot[None]) -> None:
             token_ids=(),
         )
     )
+    # The card's line grows by its result after it was laid out: on a busy machine the picture
+    # was once taken before the new width (the line without "→ 408").
+    title = app.query_one(CollapsibleTitle)
+    await wait_until(pilot, lambda: title.region.width >= len(str(title.label)) + 2)
     await settle(app, pilot)
 
 
