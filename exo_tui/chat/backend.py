@@ -71,8 +71,9 @@ class Backend(Protocol):
         would give them, from a thread of the backend's (see Deliver). What a server answers
         many requests with: a model in this process hands each chunk over from its own thread,
         with no thread a request woken for every token. May raise EngineError at once. True:
-        the request is taken (a refusal would have been raised here); False: a refusal may
-        still come, as its first item."""
+        the request is taken (its own refusal, such as a prompt past the context, would have
+        been raised here; a fault of the model's, such as weights that are not numbers, can
+        still come); False: its refusal may still come, as its first item."""
         ...
 
     def prefill_next(self, request: ChatRequest, draft: str = "") -> None:
