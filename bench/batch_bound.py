@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cpu_kernels import LLAMA_1B, read_bandwidth  # noqa: E402
+from cpu_kernels import LLAMA_1B, kernel_shapes, read_bandwidth  # noqa: E402
 
 GROUP_SIZE, BITS, ROWS = 64, 4, 8
 
@@ -88,14 +88,16 @@ def vpdpbusd_ns(threads: int) -> float | None:
 
 
 def step_shapes() -> list[tuple[int, int]]:
-    """(out, in) of every linear in one decoding step, the head last."""
-    s = LLAMA_1B
-    hidden, head_dim = s["hidden_size"], s["hidden_size"] // s["num_heads"]
-    kv = s["num_kv_heads"] * head_dim
-    mlp = s["intermediate_size"]
-    layer = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden)]
-    layer += [(mlp, hidden), (mlp, hidden), (hidden, mlp)]
-    return layer * s["num_layers"] + [(s["vocab_size"], hidden)]
+    """(out, in) of every linear in one decoding step, the head last (cpu_kernels' shapes,
+    "q, o" standing for two a layer)."""
+    layer: list[tuple[int, int]] = []
+    head: list[tuple[int, int]] = []
+    for name, n, k in kernel_shapes(LLAMA_1B):
+        if name == "head":
+            head.append((n, k))
+        else:
+            layer += [(n, k)] * len(name.split(", "))
+    return layer * LLAMA_1B["num_layers"] + head
 
 
 def matmul_times(rounds: int) -> dict[int, float]:
