@@ -30,6 +30,15 @@ constexpr int SPIN_ROUNDS = 20000;
 // step of a small model ran faster with every job on one thread (bench/batching.py).
 constexpr std::size_t MIN_PARALLEL_BYTES = 384 * 1024;
 
+// One round of a spin-wait. Every few rounds the core goes to any other thread that is ready to
+// run: on two cores a spinning worker otherwise keeps the model's Python thread, the API's event
+// loop or a client off a core (bench/api.py: the demo's streams ran faster with it), and
+// a thread with nothing else to run is back from sched_yield in about a microsecond.
+inline void relax(int spins) {
+  EXO_PAUSE();
+  if (spins % 16 == 0) sched_yield();
+}
+
 int default_threads() {
   if (const char* env = std::getenv("EXO_TUI_KERNEL_THREADS")) {
     const int n = std::atoi(env);
@@ -72,7 +81,7 @@ class Pool {
     ticket_.store((job_ << 40) | (static_cast<uint64_t>(parts) << 20), std::memory_order_release);
     wake();
     work();
-    while (pending_.load(std::memory_order_acquire) != 0) EXO_PAUSE();
+    for (int spins = 1; pending_.load(std::memory_order_acquire) != 0; ++spins) relax(spins);
   }
 
  private:
@@ -123,7 +132,7 @@ class Pool {
       unsigned long now;
       while ((now = generation_.load(std::memory_order_acquire)) == seen) {
         if (++spins < SPIN_ROUNDS) {
-          EXO_PAUSE();
+          relax(spins);
         } else {
           std::unique_lock<std::mutex> lock(sleep_mutex_);
           ++sleepers_;
