@@ -89,10 +89,24 @@ inline float half_to_float(uint16_t v) {
   else return f16_to_float(v);
 }
 
+// The lanes' sum as a tree, halving the vector: a running sum over the lanes would wait on each
+// of its L adds in turn, and a GEMV with short rows (a small model's) sums about as often as it
+// multiplies.
+typedef float vf8 __attribute__((vector_size(32)));
+typedef float vf4 __attribute__((vector_size(16)));
 inline float hsum(vf v) {
-  float s = 0.0f;
-  for (int i = 0; i < L; ++i) s += v[i];
-  return s;
+#if LANES == 16
+  const vf8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#elif LANES == 8
+  const vf8 h = v;
+#endif
+#if LANES >= 8
+  const vf4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+#else
+  const vf4 q = v;
+#endif
+  return (q[0] + q[2]) + (q[1] + q[3]);
 }
 
 // Where NR packed weight rows from row n start, with their scales and biases.
