@@ -43,7 +43,7 @@ void decode_attention(const AttentionArgs& a, int item0, int item1) {
         const float* q = queries.data() + static_cast<std::size_t>(i) * padded;
         vf acc = {};
         for (int c = 0; c < chunks; ++c) acc += load(q + c * L) * load(row.data() + c * L);
-        scores[static_cast<std::size_t>(i) * keys + j] = lane_sum(acc);
+        scores[static_cast<std::size_t>(i) * keys + j] = hsum(acc);
       }
     }
     std::vector<float> totals(rows);
@@ -64,7 +64,7 @@ void decode_attention(const AttentionArgs& a, int item0, int item1) {
       for (; j + L <= keys; j += L) {
         const vf e = exp_nonpositive(load(s + j) - top);
         store(s + j, e);
-        total += lane_sum(e);
+        total += hsum(e);
       }
       for (; j < keys; ++j) {
         s[j] = std::exp(s[j] - top);

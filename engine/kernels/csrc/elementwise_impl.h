@@ -1,24 +1,6 @@
 // Elementwise kernels, once per instruction set: isa_impl.h includes this inside its namespace,
 // after to_f32 and from_f32. MLX's CPU runs these as chains of generic ops with a scalar exp.
 
-// The sum of a vector's lanes as a tree of halvings.
-inline float lane_sum(vf v) {
-#if LANES == 16
-  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-  return v[0];
-#elif LANES == 8
-  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
-  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
-  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
-  return v[0];
-#else
-  return hsum(v);
-#endif
-}
-
 inline vf select(vi mask, vf yes, vf no) { return (vf)(((vi)yes & mask) | ((vi)no & ~mask)); }
 
 // 2^n e^r for x in [-87, 88] and n = round(x / ln 2): r = x - n ln 2 in two parts (Cody and
@@ -172,7 +154,7 @@ void logsumexp_rows(const void* x, Scalar type, int n, long r0, long r1, void* o
       for (; i + 4 * L <= n; i += 4 * L)
         for (int s = 0; s < 4; ++s) sums[s] += exp_nonpositive(load(row + i + s * L) - top);
       for (; i + L <= n; i += L) sums[0] += exp_nonpositive(load(row + i) - top);
-      total = lane_sum((sums[0] + sums[1]) + (sums[2] + sums[3]));
+      total = hsum((sums[0] + sums[1]) + (sums[2] + sums[3]));
       for (; i < n; ++i) total += std::exp(row[i] - top);
     }
     // A row of -inf gives -inf, one holding +inf or NaN gives it back, as MLX's does.

@@ -89,24 +89,24 @@ inline float half_to_float(uint16_t v) {
   else return f16_to_float(v);
 }
 
-// The lanes' sum as a tree, halving the vector: a running sum over the lanes would wait on each
-// of its L adds in turn, and a GEMV with short rows (a small model's) sums about as often as it
-// multiplies.
-typedef float vf8 __attribute__((vector_size(32)));
-typedef float vf4 __attribute__((vector_size(16)));
+// The sum of a vector's lanes as a tree of halvings: a running sum over the lanes would wait on
+// each of its L adds in turn, and a GEMV with short rows (a small model's) sums about as often as
+// it multiplies.
 inline float hsum(vf v) {
 #if LANES == 16
-  const vf8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
 #elif LANES == 8
-  const vf8 h = v;
-#endif
-#if LANES >= 8
-  const vf4 q = __builtin_shufflevector(h, h, 0, 1, 2, 3) + __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
 #else
-  const vf4 q = v;
+  v += __builtin_shufflevector(v, v, 2, 3, 0, 1);
+  v += __builtin_shufflevector(v, v, 1, 0, 3, 2);
 #endif
-  return (q[0] + q[2]) + (q[1] + q[3]);
+  return v[0];
 }
 
 // Where NR packed weight rows from row n start, with their scales and biases.
