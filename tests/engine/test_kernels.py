@@ -318,16 +318,19 @@ def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
     dtype=st.sampled_from(FLOATS),
     mask=st.sampled_from(["none", "bool", "additive"]),
     layout=st.sampled_from(["cache", "contiguous", "transposed"]),
+    mask_layout=st.sampled_from(["packed", "sliced", "transposed"]),
     seed=st.integers(0, 2**16),
 )
 def test_decode_attention_matches_mlx(
     isa: str, batch: int, kv_heads: int, repeat: int, queries: int, keys: int, dim: int,
-    dtype: mx.Dtype, mask: str, layout: str, seed: int,
+    dtype: mx.Dtype, mask: str, layout: str, mask_layout: str, seed: int,
 ) -> None:  # fmt: skip
     """Against MLX's fused attention in fp32: the softmax's weights sum in another order and
     its exp is a polynomial within two ulps of expf, so an output may differ by 1e-5 of the
     largest |v|, plus the rounding of the output type. k and v come as the KV cache leaves them
-    (the first keys of a larger buffer), packed, or with their rows not contiguous."""
+    (the first keys of a larger buffer), packed, or with their rows not contiguous; the mask
+    broadcasts over heads or the batch, packed, as the first keys of a wider one, or with its
+    keys not contiguous."""
     key = mx.random.key(seed)
     q = mx.random.normal((batch, kv_heads * repeat, queries, dim), key=key).astype(dtype)
     capacity = keys + (7 if layout == "cache" else 0)
@@ -346,6 +349,10 @@ def test_decode_attention_matches_mlx(
         chosen = (
             -4 * mx.random.uniform(shape=(1, kv_heads * repeat, 1, keys), key=key + 3)
         ).astype(dtype)
+    if chosen is not None and mask_layout == "sliced":
+        chosen = mx.concatenate([chosen, mx.zeros_like(chosen)], axis=-1)[..., :keys]
+    elif chosen is not None and mask_layout == "transposed":
+        chosen = mx.swapaxes(mx.contiguous(mx.swapaxes(chosen, -1, -2)), -1, -2)
     scale = dim**-0.5
     f32 = [a.astype(mx.float32) for a in (q, k, v)]
     reference_mask = (
@@ -817,10 +824,12 @@ def test_many_rows_skip_a_scalar_blas(setting: str) -> None:
         assert which == "reference"
 
 
-def test_what_is_already_row_major_goes_in_without_a_copy_node(tmp_path: Path) -> None:
-    """Loaded weights and the kernels' own outputs go into a kernel as they are (a Contiguous
-    node in front of them would copy nothing but cost a dispatch every step); a view that is
-    not row-major still gets one, and both give the same values."""
+def test_no_kernel_puts_a_copy_node_in_front_of_its_inputs(tmp_path: Path) -> None:
+    """The kernels look at their inputs' layout when they run: what is row-major already
+    (loaded weights, the kernels' own outputs) goes in as it is, and a view that is not (a
+    transpose, a broadcast mask) is copied then. Neither puts a Contiguous node in the graph (a
+    node MLX dispatches every step even where it copies nothing), and both give the values of
+    the row-major input."""
     w, scales, biases = mx.quantize(weights(64, 256, 0), 64, 4)
     norm = mx.ones((256,))
     x = mx.random.normal((1, 256), key=mx.random.key(1))
@@ -834,6 +843,9 @@ def test_what_is_already_row_major_goes_in_without_a_copy_node(tmp_path: Path) -
 
     lazy_view = mx.swapaxes(x.reshape(256, 1) * 1.0, 0, 1)  # unevaluated, strided
     viewed = kernels.quantized_matmul(lazy_view, w, scales, biases, 64, 4)
-    mx.export_to_dot(str(graph), viewed)
-    assert "Contiguous" in graph.read_text()
+    normed = kernels.rms_norm(mx.swapaxes(x.reshape(8, 32) * 1.0, 0, 1), mx.ones((8,)), 1e-5)
+    mx.export_to_dot(str(graph), [viewed, normed])
+    assert "Contiguous" not in graph.read_text()
     assert mx.array_equal(viewed, kernels.quantized_matmul(x, w, scales, biases, 64, 4))
+    packed = mx.contiguous(mx.swapaxes(x.reshape(8, 32), 0, 1))
+    assert mx.array_equal(normed, kernels.rms_norm(packed, mx.ones((8,)), 1e-5))

@@ -47,14 +47,19 @@ void decode_attention(const AttentionArgs& a, int item0, int item1) {
       }
     }
     std::vector<float> totals(rows);
+    // Row i's mask: its rows of keys through the mask's strides (0 on a broadcast axis).
+    auto mask_at = [&](int i) {
+      const long head = static_cast<long>(g) * repeat + i / a.queries;
+      return b * a.mask_strides[0] + head * a.mask_strides[1] + (i % a.queries) * a.mask_strides[2];
+    };
     for (int i = 0; i < rows; ++i) {
       float* s = scores.data() + static_cast<std::size_t>(i) * keys;
       if (a.mask_kind == 1) {
-        const uint8_t* m = static_cast<const uint8_t*>(a.mask) + at(i) * keys;
+        const uint8_t* m = static_cast<const uint8_t*>(a.mask) + mask_at(i);
         for (int j = 0; j < keys; ++j)
           if (m[j] == 0) s[j] = -INFINITY;
       } else if (a.mask_kind == 2) {
-        const float* m = static_cast<const float*>(a.mask) + at(i) * keys;
+        const float* m = static_cast<const float*>(a.mask) + mask_at(i);
         for (int j = 0; j < keys; ++j) s[j] += m[j];
       }
       float top = -INFINITY;

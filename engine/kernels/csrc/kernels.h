@@ -74,7 +74,8 @@ struct HalfArgs {
 // softmax(scale * q . k + mask) . v for each query row against every key, in fp32: decoding's
 // attention (a few query rows a head). q and out are contiguous [B, H, Lq, D]; k and v are
 // [B, KV heads, L, D] with D contiguous and the other three strides (in elements) given; the
-// mask, if any, is contiguous [B, H, Lq, L]. q, k, v and out share `type`.
+// mask, if any, broadcasts to [B, H, Lq, L] with L contiguous, its strides over [B, H, Lq] given
+// (0 on a broadcast axis). q, k, v and out share `type`.
 struct AttentionArgs {
   const void* q;
   const void* k;
@@ -87,6 +88,7 @@ struct AttentionArgs {
   float scale;
   long k_strides[3];
   long v_strides[3];
+  long mask_strides[3];
 };
 
 struct Isa {

@@ -38,35 +38,81 @@ mx::Stream cpu_stream(mx::StreamOrDevice s) {
   return stream;
 }
 
-// The output's buffer allocated and the arrays registered with the stream's encoder, as every
-// eval_cpu starts.
-mx::cpu::CommandEncoder& prepared_encoder(mx::Stream stream, const std::vector<mx::array>& inputs,
-                                          mx::array& out) {
+// dst (row-major, src's shape) = src, read through src's strides: a run of its last axis at a
+// time where that axis is contiguous.
+void copy_to_row_major(const mx::array& src, char* dst) {
+  const int ndim = static_cast<int>(src.ndim());
+  const std::size_t item = src.itemsize();
+  if (ndim == 0 || src.size() == 0) {
+    if (src.size() != 0) std::memcpy(dst, src.data<char>(), item);
+    return;
+  }
+  const long last = src.shape(-1), last_stride = static_cast<long>(src.strides()[ndim - 1]);
+  const long runs = static_cast<long>(src.size()) / last;
+  const char* base = src.data<char>();
+  for (long run = 0; run < runs; ++run) {
+    long at = 0, rest = run;  // the run's element offset in src, from its index
+    for (int axis = ndim - 2; axis >= 0; --axis) {
+      at += (rest % src.shape(axis)) * static_cast<long>(src.strides()[axis]);
+      rest /= src.shape(axis);
+    }
+    char* to = dst + static_cast<std::size_t>(run * last) * item;
+    if (last_stride == 1) {
+      std::memcpy(to, base + at * static_cast<long>(item), static_cast<std::size_t>(last) * item);
+    } else {
+      for (long i = 0; i < last; ++i)
+        std::memcpy(to + i * static_cast<long>(item),
+                    base + (at + i * last_stride) * static_cast<long>(item), item);
+    }
+  }
+}
+
+// An input as the kernels read it: row-major and dense. Where it is already (the weights, what
+// the kernels and MLX's elementwise ops make, reshapes of those) it is used as it is; otherwise
+// (a transpose's or a broadcast's view) a row-major copy is made on the stream first. Deciding
+// here, when the layout is known, spares the graph a Contiguous node in front of each kernel: a
+// node MLX dispatches every step even where it copies nothing (they were a tenth of a decoding
+// step's nodes).
+mx::array row_major_input(const mx::array& in, mx::cpu::CommandEncoder& encoder) {
+  if (in.flags().row_contiguous) return in;
+  mx::array copy(in.shape(), in.dtype(), nullptr, {});
+  copy.set_data(mx::allocator::malloc(copy.nbytes()));
+  encoder.add_temporary(copy);
+  encoder.dispatch([src = mx::array::unsafe_weak_copy(in),
+                    dst = mx::array::unsafe_weak_copy(copy)]() mutable {
+    copy_to_row_major(src, dst.data<char>());
+  });
+  return copy;
+}
+
+// How every eval_cpu starts: the output's buffer allocated, the arrays registered with the
+// stream's encoder, and the first `dense` inputs row-major (row_major_input), the rest as they
+// are (read through their strides).
+struct Prepared {
+  mx::cpu::CommandEncoder& encoder;
+  std::vector<mx::array> in;
+};
+
+Prepared prepare(mx::Stream stream, const std::vector<mx::array>& inputs, mx::array& out,
+                 std::size_t dense = SIZE_MAX) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream);
   for (const auto& input : inputs) encoder.set_input_array(input);
   encoder.set_output_array(out);
-  return encoder;
-}
-
-// An input as the kernels read it: row-major and dense. The weights (loaded, so their layout is
-// known) and what the kernels make already are; a Contiguous node in front of them would copy
-// nothing, but every node is an operation MLX dispatches every step (they were half of a
-// decoding step's nodes), and its thread wakes for every ten of them.
-mx::array row_major(const mx::array& a, mx::Stream stream) {
-  const bool already = a.is_available()
-                           ? a.flags().row_contiguous
-                           : a.has_primitive() && dynamic_cast<const Kernel*>(&a.primitive());
-  return already ? a : mx::contiguous(a, false, stream);
+  std::vector<mx::array> in;
+  in.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    in.push_back(i < dense ? row_major_input(inputs[i], encoder) : inputs[i]);
+  return {encoder, std::move(in)};
 }
 
 // x for a reduction over its last axis (logsumexp, argmax): a float type, a last axis with
 // values, contiguous on the CPU stream.
-mx::array last_axis_input(const mx::array& x, mx::Stream stream) {
+mx::array last_axis_input(const mx::array& x) {
   if (x.ndim() < 1 || x.shape(-1) == 0)
     throw std::invalid_argument("x needs a last axis with values");
   scalar_of(x.dtype(), "x");
-  return row_major(x, stream);
+  return x;
 }
 
 // body(type, n, r0, r1) over x's rows (of its last axis, n values each), shared among the
@@ -113,8 +159,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   const mx::Dtype out_type = mx::promote_types(x.dtype(), scales.dtype());
   return mx::array(
       with_last(x, n), out_type, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
-      {row_major(mx::astype(x, out_type, stream), stream), row_major(w, stream),
-       row_major(scales, stream), row_major(biases, stream)});
+      {mx::astype(x, out_type, stream), w, scales, biases});
 }
 
 mx::array dense_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s) {
@@ -130,7 +175,7 @@ mx::array dense_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevic
   mx::Stream stream = cpu_stream(s);
   const mx::Dtype out_type = mx::promote_types(x.dtype(), w.dtype());
   return mx::array(with_last(x, w.shape(0)), out_type, std::make_shared<CpuDenseMatmul>(stream),
-                   {row_major(mx::astype(x, out_type, stream), stream), row_major(w, stream)});
+                   {mx::astype(x, out_type, stream), w});
 }
 
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::StreamOrDevice s) {
@@ -144,18 +189,18 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
   scalar_of(x.dtype(), "x");
   mx::Stream stream = cpu_stream(s);
   return mx::array(x.shape(), x.dtype(), std::make_shared<CpuRmsNorm>(stream, eps),
-                   {row_major(x, stream), row_major(w, stream)});
+                   {x, w});
 }
 
 mx::array logsumexp_last(const mx::array& x, mx::StreamOrDevice s) {
   mx::Stream stream = cpu_stream(s);
-  mx::array input = last_axis_input(x, stream);
+  mx::array input = last_axis_input(x);
   return mx::array(with_last(x, 1), x.dtype(), std::make_shared<CpuLogSumExp>(stream), {input});
 }
 
 void CpuLogSumExp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& encoder = prepared_encoder(stream(), inputs, out);
-  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+  auto [encoder, in] = prepare(stream(), inputs, out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(in[0]),
                     out = mx::array::unsafe_weak_copy(out)]() mutable {
     const Isa& isa = best_isa();
     for_row_shares(x, [&](Scalar type, int n, long r0, long r1) {
@@ -170,15 +215,15 @@ void CpuLogSumExp::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 mx::array argmax_last(const mx::array& x, mx::StreamOrDevice s) {
   mx::Stream stream = cpu_stream(s);
-  mx::array input = last_axis_input(x, stream);
+  mx::array input = last_axis_input(x);
   mx::Shape shape = x.shape();
   shape.pop_back();
   return mx::array(shape, mx::uint32, std::make_shared<CpuArgMax>(stream), {input});
 }
 
 void CpuArgMax::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& encoder = prepared_encoder(stream(), inputs, out);
-  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+  auto [encoder, in] = prepare(stream(), inputs, out);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(in[0]),
                     out = mx::array::unsafe_weak_copy(out)]() mutable {
     const Isa& isa = best_isa();
     for_row_shares(x, [&](Scalar type, int n, long r0, long r1) {
@@ -197,13 +242,13 @@ mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice
   scalar_of(x.dtype(), "x");
   mx::Stream stream = cpu_stream(s);
   return mx::array(x.shape(), x.dtype(), std::make_shared<CpuSiluMul>(stream),
-                   {row_major(gate, stream), row_major(x, stream)});
+                   {gate, x});
 }
 
 void CpuSiluMul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& encoder = prepared_encoder(stream(), inputs, out);
-  encoder.dispatch([gate = mx::array::unsafe_weak_copy(inputs[0]),
-                    x = mx::array::unsafe_weak_copy(inputs[1]),
+  auto [encoder, in] = prepare(stream(), inputs, out);
+  encoder.dispatch([gate = mx::array::unsafe_weak_copy(in[0]),
+                    x = mx::array::unsafe_weak_copy(in[1]),
                     out = mx::array::unsafe_weak_copy(out)]() mutable {
     const std::size_t size = x.size();
     if (size == 0) return;
@@ -240,13 +285,20 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
     throw std::invalid_argument("q, k and v must share a dtype");
   scalar_of(q.dtype(), "q");
   mx::Stream stream = cpu_stream(s);
-  std::vector<mx::array> inputs{row_major(q, stream), k, v};
+  std::vector<mx::array> inputs{q, k, v};
   int mask_kind = 0;
   if (mask.has_value()) {
+    // Read in place through its strides, broadcast ones included (mask_strides).
     const mx::Shape full{q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
+    const int extra = static_cast<int>(mask->ndim()) - 4;
+    bool fits = mask->ndim() >= 1 && extra <= 0;
+    for (int axis = 0; fits && axis < static_cast<int>(mask->ndim()); ++axis) {
+      const int size = mask->shape(axis), want = full[axis - extra];
+      fits = size == want || size == 1;
+    }
+    if (!fits) throw std::invalid_argument("the mask must broadcast to [batch, heads, queries, keys]");
     mask_kind = mask->dtype() == mx::bool_ ? 1 : 2;
-    mx::array m = mask_kind == 1 ? *mask : mx::astype(*mask, mx::float32, stream);
-    inputs.push_back(row_major(mx::broadcast_to(m, full, stream), stream));
+    inputs.push_back(mask_kind == 1 ? *mask : mx::astype(*mask, mx::float32, stream));
   }
   return mx::array(q.shape(), q.dtype(),
                    std::make_shared<CpuDecodeAttention>(stream, scale, mask_kind),
@@ -279,12 +331,24 @@ const void* strided_rows(const mx::array& a, long strides[3], std::vector<char>&
   return copy.data();
 }
 
+// The mask's element strides over [B, H, Lq] as it broadcasts to [B, H, Lq, L]: 0 where it
+// has no such axis or one of size 1.
+void mask_strides(const mx::array& mask, long strides[3]) {
+  const int extra = 4 - static_cast<int>(mask.ndim());
+  for (int axis = 0; axis < 3; ++axis) {
+    const int own = axis - extra;
+    strides[axis] = own >= 0 && mask.shape(own) > 1 ? static_cast<long>(mask.strides()[own]) : 0;
+  }
+}
+
 }  // namespace
 
 void CpuDecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& encoder = prepared_encoder(stream(), inputs, out);
+  auto [encoder, in] = prepare(stream(), inputs, out, 1);  // q; k, v and the mask by strides
+  if (mask_kind_ != 0 && in[3].shape(-1) > 1 && in[3].strides().back() != 1)
+    in[3] = row_major_input(in[3], encoder);  // its rows of keys contiguous
   std::vector<mx::array> held;
-  for (const auto& input : inputs) held.push_back(mx::array::unsafe_weak_copy(input));
+  for (const auto& input : in) held.push_back(mx::array::unsafe_weak_copy(input));
   encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out),
                     scale = scale_, mask_kind = mask_kind_]() mutable {
     const auto& q = held[0];
@@ -300,6 +364,7 @@ void CpuDecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
     args.type = scalar_of(q.dtype(), "q");
     args.mask = mask_kind != 0 ? held[3].data<void>() : nullptr;
     args.mask_kind = mask_kind;
+    if (mask_kind != 0) mask_strides(held[3], args.mask_strides);
     args.batch = q.shape(0);
     args.heads = q.shape(1);
     args.queries = q.shape(2);
@@ -351,10 +416,10 @@ mx::array rope(const mx::array& x, const mx::array& inv_freqs, const mx::array& 
 }
 
 void CpuRope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& encoder = prepared_encoder(stream(), inputs, out);
-  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
-                    offset = mx::array::unsafe_weak_copy(inputs[1]),
-                    inv_freqs = mx::array::unsafe_weak_copy(inputs[2]),
+  auto [encoder, in] = prepare(stream(), inputs, out, 0);  // read through their strides
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(in[0]),
+                    offset = mx::array::unsafe_weak_copy(in[1]),
+                    inv_freqs = mx::array::unsafe_weak_copy(in[2]),
                     out = mx::array::unsafe_weak_copy(out), dims = dims_,
                     traditional = traditional_, scale = scale_]() mutable {
     if (x.size() == 0) return;
@@ -374,9 +439,9 @@ void CpuRope::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 }
 
 void CpuRmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto& x = inputs[0];
-  const auto& w = inputs[1];
-  auto& encoder = prepared_encoder(stream(), inputs, out);
+  auto [encoder, in] = prepare(stream(), inputs, out);
+  const auto& x = in[0];
+  const auto& w = in[1];
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                     out = mx::array::unsafe_weak_copy(out), eps = eps_]() mutable {
     const int d = x.shape(-1);
@@ -391,11 +456,11 @@ void CpuRmsNorm::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 }
 
 void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto& x = inputs[0];
-  const auto& w = inputs[1];
-  const auto& scales = inputs[2];
-  const auto& biases = inputs[3];
-  auto& encoder = prepared_encoder(stream(), inputs, out);
+  auto [encoder, in] = prepare(stream(), inputs, out);
+  const auto& x = in[0];
+  const auto& w = in[1];
+  const auto& scales = in[2];
+  const auto& biases = in[3];
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                     scales = mx::array::unsafe_weak_copy(scales),
                     biases = mx::array::unsafe_weak_copy(biases),
@@ -421,9 +486,9 @@ bool CpuQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
 }
 
 void CpuDenseMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  const auto& x = inputs[0];
-  const auto& w = inputs[1];
-  auto& encoder = prepared_encoder(stream(), inputs, out);
+  auto [encoder, in] = prepare(stream(), inputs, out);
+  const auto& x = in[0];
+  const auto& w = in[1];
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                     out = mx::array::unsafe_weak_copy(out)]() mutable {
     const int n = w.shape(0);

@@ -24,23 +24,18 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
 
 // softmax(scale * q @ k.T + mask) @ v for q [B, H, Lq, D] against k and v [B, KV heads, L, D]
 // (H a multiple of the KV heads), as mx.fast.scaled_dot_product_attention; made for decoding's
-// few query rows. k and v are read in place, strided as the KV cache leaves them. The mask is
-// None, boolean (True attends) or additive, broadcastable to [B, H, Lq, L].
+// few query rows. k, v and the mask are read in place, strided as the KV cache and the mask's
+// broadcast leave them. The mask is None, boolean (True attends) or additive, broadcastable to
+// [B, H, Lq, L].
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, const std::optional<mx::array>& mask,
                            mx::StreamOrDevice s = {});
-
-// What every primitive here also is: its output is a new row-major array, so a kernel that
-// takes it as an input needs no Contiguous node in front of it (see row_major).
-struct Kernel {
-  virtual ~Kernel() = default;
-};
 
 // mx.logsumexp(x, axis=-1, keepdims=True): the logits' normaliser at every sampling step,
 // which MLX's CPU computes with a scalar exp.
 mx::array logsumexp_last(const mx::array& x, mx::StreamOrDevice s = {});
 
-class CpuLogSumExp : public mx::UnaryPrimitive, public Kernel {
+class CpuLogSumExp : public mx::UnaryPrimitive {
  public:
   explicit CpuLogSumExp(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -53,7 +48,7 @@ class CpuLogSumExp : public mx::UnaryPrimitive, public Kernel {
 // scalar loop over every logit of every row.
 mx::array argmax_last(const mx::array& x, mx::StreamOrDevice s = {});
 
-class CpuArgMax : public mx::UnaryPrimitive, public Kernel {
+class CpuArgMax : public mx::UnaryPrimitive {
  public:
   explicit CpuArgMax(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -65,7 +60,7 @@ class CpuArgMax : public mx::UnaryPrimitive, public Kernel {
 // silu(gate) * x (mlx-lm's swiglu) in one pass, rounded as MLX's own ops round each step.
 mx::array silu_mul(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s = {});
 
-class CpuSiluMul : public mx::UnaryPrimitive, public Kernel {
+class CpuSiluMul : public mx::UnaryPrimitive {
  public:
   explicit CpuSiluMul(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -74,7 +69,7 @@ class CpuSiluMul : public mx::UnaryPrimitive, public Kernel {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
-class CpuDecodeAttention : public mx::UnaryPrimitive, public Kernel {
+class CpuDecodeAttention : public mx::UnaryPrimitive {
  public:
   CpuDecodeAttention(mx::Stream stream, float scale, int mask_kind)
       : mx::UnaryPrimitive(stream), scale_(scale), mask_kind_(mask_kind) {}
@@ -91,7 +86,7 @@ class CpuDecodeAttention : public mx::UnaryPrimitive, public Kernel {
   int mask_kind_;
 };
 
-class CpuQuantizedMatmul : public mx::UnaryPrimitive, public Kernel {
+class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  public:
   CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits)
       : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
@@ -105,7 +100,7 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive, public Kernel {
   int bits_;
 };
 
-class CpuDenseMatmul : public mx::UnaryPrimitive, public Kernel {
+class CpuDenseMatmul : public mx::UnaryPrimitive {
  public:
   explicit CpuDenseMatmul(mx::Stream stream) : mx::UnaryPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -114,7 +109,7 @@ class CpuDenseMatmul : public mx::UnaryPrimitive, public Kernel {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
 };
 
-class CpuRmsNorm : public mx::UnaryPrimitive, public Kernel {
+class CpuRmsNorm : public mx::UnaryPrimitive {
  public:
   CpuRmsNorm(mx::Stream stream, float eps) : mx::UnaryPrimitive(stream), eps_(eps) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -134,7 +129,7 @@ class CpuRmsNorm : public mx::UnaryPrimitive, public Kernel {
 mx::array rope(const mx::array& x, const mx::array& inv_freqs, const mx::array& offset, int dims,
                bool traditional, float scale, mx::StreamOrDevice s = {});
 
-class CpuRope : public mx::UnaryPrimitive, public Kernel {
+class CpuRope : public mx::UnaryPrimitive {
  public:
   CpuRope(mx::Stream stream, int dims, bool traditional, float scale)
       : mx::UnaryPrimitive(stream), dims_(dims), traditional_(traditional), scale_(scale) {}
