@@ -254,17 +254,18 @@ inline void nibble_dot8_512(const uint8_t* bytes, std::size_t row_bytes, const u
       _mm512_and_si512(c, nibble), _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble),
       _mm512_and_si512(d, nibble), _mm512_and_si512(_mm512_srli_epi16(d, 4), nibble)};
   const __m512 scale = scales_of_512<GS>(scales, step);
+  // One weight vector against every row of x before the next: each row's sums are a chain of 8
+  // vpdpbusd, and the MR chains side by side keep the pipes busy (row by row, with two chains
+  // a row, the 8-row GEMV ran 5 % slower at k 2,048).
+  __m512i sums[MR];
+  for (int m = 0; m < MR; ++m)
+    sums[m] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_load_si512(x + m * x_stride));
+  for (int j = 1; j < 8; ++j)
+    for (int m = 0; m < MR; ++m)
+      sums[m] = _mm512_dpbusd_epi32(sums[m], w[j], _mm512_load_si512(x + m * x_stride + 64 * j));
   for (int m = 0; m < MR; ++m) {
-    const int8_t* xb = x + m * x_stride;
-    __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_load_si512(xb));
-    __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_load_si512(xb + 64));
-    for (int j = 2; j < 8; j += 2) {
-      even = _mm512_dpbusd_epi32(even, w[j], _mm512_load_si512(xb + 64 * j));
-      odd = _mm512_dpbusd_epi32(odd, w[j + 1], _mm512_load_si512(xb + 64 * j + 64));
-    }
-    const __m512i sum = _mm512_add_epi32(even, odd);
-    const __m512 x_scale = _mm512_load_ps(reinterpret_cast<const float*>(xb + 512));
-    total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(scale, x_scale), total[m]);
+    const __m512 x_scale = _mm512_load_ps(reinterpret_cast<const float*>(x + m * x_stride + 512));
+    total[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[m]), _mm512_mul_ps(scale, x_scale), total[m]);
   }
 }
 
