@@ -370,8 +370,8 @@ inline void nibble_dot8_row(const QuantizedArgs& a, int n, int m0, int sb0, int 
   }
 }
 
-// Rows of x nibble_dot8_row carries in registers at once: 8 accumulators, 4 regrouped weight
-// vectors, 4 of x and the scales fit the 32 registers.
+// Rows of x nibble_dot8_row carries in registers at once: 8 accumulators, a step's 8 sums, its 8
+// unpacked weight vectors and the scales fit the 32 registers (the compiled loop spills none).
 constexpr int INT8_ROWS = 8;
 
 template <int GS>
