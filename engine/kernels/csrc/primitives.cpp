@@ -106,8 +106,8 @@ Prepared prepare(mx::Stream stream, const std::vector<mx::array>& inputs, mx::ar
   return {encoder, std::move(in)};
 }
 
-// x for a reduction over its last axis (logsumexp, argmax): a float type, a last axis with
-// values, contiguous on the CPU stream.
+// x for a reduction over its last axis (logsumexp, argmax), checked: a float type and a last
+// axis with values (the kernel makes it row-major when it runs, see prepare).
 mx::array last_axis_input(const mx::array& x) {
   if (x.ndim() < 1 || x.shape(-1) == 0)
     throw std::invalid_argument("x needs a last axis with values");
@@ -288,7 +288,7 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
   std::vector<mx::array> inputs{q, k, v};
   int mask_kind = 0;
   if (mask.has_value()) {
-    // Read in place through its strides, broadcast ones included (mask_strides).
+    // Read in place through its strides, broadcast ones included (leading_strides).
     const mx::Shape full{q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
     const int extra = static_cast<int>(mask->ndim()) - 4;
     bool fits = mask->ndim() >= 1 && extra <= 0;
@@ -307,37 +307,19 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
 
 namespace {
 
-// k's or v's element strides over [B, KV heads, L]; a packed copy where its rows of D are not
-// contiguous (the KV cache's are, but any view may not be).
-const void* strided_rows(const mx::array& a, long strides[3], std::vector<char>& copy) {
-  const auto& st = a.strides();
-  if (st[3] == 1 || a.shape(3) == 1) {
-    for (int i = 0; i < 3; ++i) strides[i] = static_cast<long>(st[i]);
-    return a.data<void>();
-  }
-  const long d = a.shape(3), item = static_cast<long>(a.itemsize());
-  copy.resize(static_cast<std::size_t>(a.size()) * item);
-  const char* base = a.data<char>();
-  long at = 0;
-  for (long b = 0; b < a.shape(0); ++b)
-    for (long h = 0; h < a.shape(1); ++h)
-      for (long j = 0; j < a.shape(2); ++j)
-        for (long c = 0; c < d; ++c, ++at)
-          std::memcpy(copy.data() + at * item,
-                      base + (b * st[0] + h * st[1] + j * st[2] + c * st[3]) * item, item);
-  strides[2] = d;
-  strides[1] = d * a.shape(2);
-  strides[0] = strides[1] * a.shape(1);
-  return copy.data();
+// `in` with its last axis contiguous: as it is where it already is (the KV cache, a broadcast
+// mask), else a row-major copy (row_major_input).
+mx::array last_axis_contiguous(const mx::array& in, mx::cpu::CommandEncoder& encoder) {
+  return in.shape(-1) > 1 && in.strides().back() != 1 ? row_major_input(in, encoder) : in;
 }
 
-// The mask's element strides over [B, H, Lq] as it broadcasts to [B, H, Lq, L]: 0 where it
-// has no such axis or one of size 1.
-void mask_strides(const mx::array& mask, long strides[3]) {
-  const int extra = 4 - static_cast<int>(mask.ndim());
+// a's element strides over the first three axes of the 4 it broadcasts to ([B, KV heads, L] of
+// k and v, [B, H, Lq] of the mask): 0 where it has no such axis or one of size 1.
+void leading_strides(const mx::array& a, long strides[3]) {
+  const int extra = 4 - static_cast<int>(a.ndim());
   for (int axis = 0; axis < 3; ++axis) {
     const int own = axis - extra;
-    strides[axis] = own >= 0 && mask.shape(own) > 1 ? static_cast<long>(mask.strides()[own]) : 0;
+    strides[axis] = own >= 0 && a.shape(own) > 1 ? static_cast<long>(a.strides()[own]) : 0;
   }
 }
 
@@ -345,8 +327,7 @@ void mask_strides(const mx::array& mask, long strides[3]) {
 
 void CpuDecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto [encoder, in] = prepare(stream(), inputs, out, 1);  // q; k, v and the mask by strides
-  if (mask_kind_ != 0 && in[3].shape(-1) > 1 && in[3].strides().back() != 1)
-    in[3] = row_major_input(in[3], encoder);  // its rows of keys contiguous
+  for (std::size_t i = 1; i < in.size(); ++i) in[i] = last_axis_contiguous(in[i], encoder);
   std::vector<mx::array> held;
   for (const auto& input : in) held.push_back(mx::array::unsafe_weak_copy(input));
   encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out),
@@ -356,15 +337,16 @@ void CpuDecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
     const auto& v = held[2];
     if (out.size() == 0) return;
     AttentionArgs args{};
-    std::vector<char> k_copy, v_copy;
     args.q = q.data<void>();
-    args.k = strided_rows(k, args.k_strides, k_copy);
-    args.v = strided_rows(v, args.v_strides, v_copy);
+    args.k = k.data<void>();
+    args.v = v.data<void>();
+    leading_strides(k, args.k_strides);
+    leading_strides(v, args.v_strides);
     args.out = out.data<void>();
     args.type = scalar_of(q.dtype(), "q");
     args.mask = mask_kind != 0 ? held[3].data<void>() : nullptr;
     args.mask_kind = mask_kind;
-    if (mask_kind != 0) mask_strides(held[3], args.mask_strides);
+    if (mask_kind != 0) leading_strides(held[3], args.mask_strides);
     args.batch = q.shape(0);
     args.heads = q.shape(1);
     args.queries = q.shape(2);
