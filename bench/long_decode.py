@@ -53,7 +53,8 @@ def measure(model: str, rows: int, positions: int) -> list[float]:
     return [statistics.median(times[i * share : (i + 1) * share]) for i in range(EIGHTHS)]
 
 
-def in_process(model: str, rows: int, positions: int, kernels: str) -> list[float]:
+def in_own_process(model: str, rows: int, positions: int, kernels: str) -> list[float]:
+    """`measure` in a child process with `EXO_TUI_KERNELS=kernels` (chosen once a process)."""
     environment = dict(os.environ, EXO_TUI_KERNELS=kernels)
     command = [sys.executable, __file__, "--model", model, "--rows", str(rows),
                "--positions", str(positions), "--child"]  # fmt: skip
@@ -72,8 +73,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.model, args.rows, args.positions)))
         return
-    engine = in_process(args.model, args.rows, args.positions, "auto")
-    anchor = None if args.no_mlx_lm else in_process(args.model, args.rows, args.positions, "mlx")
+    shape = (args.model, args.rows, args.positions)
+    engine = in_own_process(*shape, "auto")
+    anchor = None if args.no_mlx_lm else in_own_process(*shape, "mlx")
     print(f"{args.model}, {args.rows} rows, a step's median in each eighth of {args.positions} "
           "positions")  # fmt: skip
     print("| positions | engine ms | plain mlx-lm ms | mlx-lm / engine |")
