@@ -275,8 +275,32 @@ class BatchEngine:
     def _serve(self) -> bool:
         """One round: read what came, start and end requests, one step. False: closing."""
         idle = not (self._live or self._waiting or self._prefills)
+        if self._read(self._messages(block=idle)):
+            self._close()
+            return False
+        self._end_cancelled()
+        while self._admit():
+            # Requests that came while those took their first pass join before the step, so
+            # the batch starts them all with one pass. A step later, the batch would take a
+            # pass for them apart from its own step, then copy every running request's cache
+            # to make room for theirs (mlx-lm's `extend`).
+            late = self._messages(block=False)
+            if not late:
+                break
+            if self._read(late):
+                self._close()
+                return False
+            self._end_cancelled()
+        if self._live:
+            self._step()
+        elif self._prefills and not self._waiting:
+            self._prefill(self._prefills.popleft())
+        return True
+
+    def _read(self, messages: list[Message]) -> bool:
+        """Take in what came; True: the engine is closing."""
         closing = False
-        for message in self._messages(block=idle):
+        for message in messages:
             match message:
                 case Admission():
                     self._waiting.append(message)
@@ -286,16 +310,7 @@ class BatchEngine:
                     self._prefills.append(message)
                 case Closing():
                     closing = True
-        if closing:
-            self._close()
-            return False
-        self._end_cancelled()
-        self._admit()
-        if self._live:
-            self._step()
-        elif self._prefills and not self._waiting:
-            self._prefill(self._prefills.popleft())
-        return True
+        return closing
 
     def _messages(self, block: bool) -> list[Message]:
         messages: list[Message] = [self._inbox.get()] if block else []
@@ -318,16 +333,20 @@ class BatchEngine:
             )
         return self._batch
 
-    def _admit(self) -> None:
+    def _admit(self) -> int:
+        """Start the waiting requests there is room for; how many started."""
         # Several joining at once are prefilled by the batch together: one pass over the
         # weights for all their prompts, where one at a time would take a pass each.
         together = min(len(self._waiting), self.max_batch - len(self._live)) > 1
+        started = 0
         while self._waiting and len(self._live) < self.max_batch:
             admission = self._waiting.popleft()
             with self._lock:
                 caller = self._callers.get(admission.id)
             if caller is not None:  # (its cancel was looked at this round)
                 self._start(admission, caller, together)
+                started += 1
+        return started
 
     def _start(self, admission: Admission, caller: Caller, together: bool = False) -> None:
         try:

@@ -355,6 +355,39 @@ def test_requests_for_a_cached_prompt_start_together_with_its_tokens_alone(
     assert batch.most_at_once >= 2
 
 
+def test_requests_that_come_during_a_first_pass_start_with_it_in_one_step(
+    loaded: LoadedModel, batch: BatchEngine
+) -> None:
+    """Requests sent while the first one's prompt goes through the model (here: from its
+    first chunk, which the model's thread hands over) join before the batch's first step. Their
+    prompt is cached, as when clients send the same one, so that step decodes all of them: the
+    first one's second token, also its last, and the others' first tokens. Joining a step
+    later, they would have come after the first had ended."""
+    first = chat(QUESTIONS[0], max_tokens=2)
+    others = [chat(QUESTIONS[1], max_tokens=12)] * 2
+    expected = [alone(loaded, r) for r in (first, *others)]
+    all_chunks(batch, [chat(QUESTIONS[1], max_tokens=40)])  # the others' prompt is cached
+    got: list[queue.Queue[Chunk | Exception]] = [queue.Queue() for _ in expected]
+    sent = threading.Event()
+
+    def first_delivers(chunk: Chunk | Exception) -> None:
+        if not sent.is_set():  # its first chunk: the others are sent now
+            sent.set()
+            for request, replies in zip(others, got[1:], strict=True):
+                batch.submit(request, None, replies.put)
+        got[0].put(chunk)
+
+    batch.submit(first, None, first_delivers)
+    for replies, theirs in zip(got, expected, strict=True):
+        mine: list[Chunk] = []
+        while not mine or not isinstance(mine[-1], DoneChunk):
+            item = replies.get(timeout=60)
+            assert not isinstance(item, Exception)
+            mine.append(item)
+        assert done_of(mine).token_ids == done_of(theirs).token_ids
+    assert batch.most_at_once == 3
+
+
 def test_every_architecture_batches_to_the_tokens_it_gives_alone(tiny_model: Path) -> None:
     model = load_model_sync(tiny_model)
     assert batchable(model)
