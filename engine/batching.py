@@ -279,18 +279,20 @@ class BatchEngine:
             self._close()
             return False
         self._end_cancelled()
-        while self._admit():
+        if self._admit():
             # Requests that came while those took their first pass join before the step, so
             # the batch starts them all with one pass. A step later, the batch would take a
             # pass for them apart from its own step, then copy every running request's cache
-            # to make room for theirs (mlx-lm's `extend`).
+            # to make room for theirs (mlx-lm's `extend`). Once a round: requests that each
+            # end with their first token, sent without pause, would otherwise hold the step
+            # back from the ones decoding.
             late = self._messages(block=False)
-            if not late:
-                break
             if self._read(late):
                 self._close()
                 return False
-            self._end_cancelled()
+            if late:
+                self._end_cancelled()
+                self._admit()
         if self._live:
             self._step()
         elif self._prefills and not self._waiting:

@@ -570,8 +570,8 @@ inline void half_block(const HalfArgs& a, int n, int m0) {
   const float* x = a.x + static_cast<std::size_t>(m0) * k_all;
   const Stored<H>* rows[NR];
   for (int r = 0; r < NR; ++r) rows[r] = weight_rows<H>(a) + static_cast<std::size_t>(n + r) * k_all;
-  // The next block's rows follow these: asked for a line at a time while these are summed. Rows
-  // of a small model's width are a few lines each, too short for the hardware prefetcher to
+  // The next block's rows follow these: asked for a line at a time while these are summed. A
+  // small model's rows are short (the demo's 1 KiB), too short for the hardware prefetcher to
   // find its stride before the next block starts (the demo's weights come from L3 every step).
   const std::size_t ahead = static_cast<std::size_t>(NR) * k_all;
   constexpr int line = 64 / static_cast<int>(sizeof(Stored<H>));
