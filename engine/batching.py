@@ -38,6 +38,7 @@ from engine.batch_callers import (
     Replies,
     as_cancelled,
 )
+from engine.batch_entry import enter
 from engine.batch_messages import (
     Admission,
     Closing,
@@ -109,6 +110,7 @@ class _Live:
     prefill_total: int = 0
     prefill_done: int = 0
     prefill_offset: int = 0  # fed before it joined the batch (whose progress starts after it)
+    repeats_first: bool = False  # its first response is its first token again (batch_entry)
 
     @property
     def prefilling(self) -> bool:
@@ -420,14 +422,8 @@ class BatchEngine:
             self.loaded.prompt_cache.keep(prompt, cache)  # the first token was never fed
             self._reply(admission.id, caller, answer.done())
             return
-        (uid,) = self._generator().insert(
-            [[token]],
-            max_tokens=[admission.max_tokens - 1],
-            caches=[cache],
-            all_tokens=[list(prompt)],  # the batch appends to it
-            samplers=[sampler],
-        )
-        self._live[uid] = _Live(admission.id, answer, caller)
+        uid, repeats = enter(self._generator(), token, prompt, cache, sampler, admission.max_tokens)
+        self._live[uid] = _Live(admission.id, answer, caller, repeats_first=repeats)
 
     def _probe(self, rest: list[int], cache: list[Any], caller: Caller) -> int:
         """The model's first prompt: a small first step measures its speed, which sizes the
@@ -459,6 +455,9 @@ class BatchEngine:
             if live is None:
                 continue
             answer = live.answer
+            if live.repeats_first:
+                live.repeats_first = False
+                continue
             if not answer.token_ids and not self._finite(response):
                 continue
             for chunk in answer.token(int(response.token)):

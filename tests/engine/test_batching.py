@@ -6,11 +6,13 @@ against `engine.generate` on the same model.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -386,6 +388,60 @@ def test_requests_that_come_during_a_first_pass_start_with_it_in_one_step(
             mine.append(item)
         assert done_of(mine).token_ids == done_of(theirs).token_ids
     assert batch.most_at_once == 3
+
+
+class CountedPasses:
+    """The model, with the shape of each pass through it kept (rows, tokens)."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.passes: list[tuple[int, int]] = []
+
+    def __call__(self, inputs: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        self.passes.append((inputs.shape[0], inputs.shape[1]))
+        return self._model(inputs, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def test_a_request_joining_decoding_rows_takes_only_its_first_pass_alone(
+    loaded: LoadedModel,
+) -> None:
+    """A request that comes while others decode gets its first token from a pass of its own
+    over its prompt; its second comes from the batch's next step, with the others' tokens, not
+    from a second pass of its own (a whole pass over the weights for one row)."""
+    requests = [chat(QUESTIONS[0], max_tokens=30), chat(QUESTIONS[2], max_tokens=12)]
+    expected = [alone(loaded, r) for r in requests]
+    counted = CountedPasses(loaded.model)
+    engine = BatchEngine(dataclasses.replace(loaded, model=counted), max_batch=4)
+    got: list[queue.Queue[Chunk | Exception]] = [queue.Queue(), queue.Queue()]
+    try:
+        seen = 0
+
+        def first_delivers(chunk: Chunk | Exception) -> None:
+            nonlocal seen
+            seen += 1
+            if seen == 3:  # the first is decoding in the batch: the second comes now
+                engine.submit(requests[1], None, got[1].put)
+            got[0].put(chunk)
+
+        engine.submit(requests[0], None, first_delivers)
+        for replies, theirs in zip(got, expected, strict=True):
+            mine: list[Chunk] = []
+            while not mine or not isinstance(mine[-1], DoneChunk):
+                item = replies.get(timeout=60)
+                assert not isinstance(item, Exception)
+                mine.append(item)
+            assert done_of(mine).token_ids == done_of(theirs).token_ids
+            assert done_of(mine).usage == done_of(theirs).usage
+    finally:
+        engine.close()
+    prompts = [i for i, (_, tokens) in enumerate(counted.passes) if tokens > 1]
+    assert len(prompts) == 2  # each request's prompt, in one pass
+    joined = prompts[1]
+    assert counted.passes[joined][0] == 1
+    assert counted.passes[joined + 1] == (2, 1)  # its second token, in a step of both
 
 
 def test_every_architecture_batches_to_the_tokens_it_gives_alone(tiny_model: Path) -> None:
