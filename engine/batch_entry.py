@@ -39,7 +39,13 @@ def enter(
     (`max_tokens` includes it). Otherwise it was inserted, and its responses start at its
     second token."""
     running = generator._generation_batch
-    if not len(running) or len(generator._prompt_batch) or generator._unprocessed_sequences:
+    next_tokens = running._next_tokens  # what the rows feed at their next step
+    if (
+        not len(running)
+        or next_tokens is None
+        or len(generator._prompt_batch)
+        or generator._unprocessed_sequences
+    ):
         (uid,) = generator.insert(
             [[token]],
             max_tokens=[max_tokens - 1],
@@ -62,7 +68,7 @@ def enter(
     row._matchers = [generator._default_stop_sequences.matcher()]
     with mx.stream(generator.stream):  # the arrays of the model's thread
         row.prompt_cache = [layer.merge([layer]) for layer in cache]
-        row._next_tokens = mx.array([token], dtype=running._next_tokens.dtype)
+        row._next_tokens = mx.array([token], dtype=next_tokens.dtype)
         # Its first response is the first token again (a step answers with the tokens it
         # fed), already had by the caller: nothing reads these logprobs.
         row._next_logprobs = [mx.zeros((1,))]
