@@ -13,10 +13,10 @@ from starlette.responses import Response
 
 from engine.errors import EngineError
 from engine.generate import validate
-from engine.types import ChatRequest, Chunk
+from engine.types import ChatRequest
 from exo_tui.api.errors import from_engine
 from exo_tui.api.loaded import BackendGetter
-from exo_tui.api.scheduler import CancelFlag, Queued, Scheduler, Started
+from exo_tui.api.scheduler import CancelFlag, Scheduler, StreamEvent
 
 
 @dataclass(frozen=True)
@@ -66,9 +66,7 @@ def watch_disconnect(request: Request, cancel: CancelFlag) -> asyncio.Task[None]
     return asyncio.create_task(wait())
 
 
-async def first_of(
-    events: AsyncGenerator[Queued | Started | Chunk], watcher: asyncio.Task[None]
-) -> Queued | Started | Chunk:
+async def first_of(events: AsyncGenerator[StreamEvent], watcher: asyncio.Task[None]) -> StreamEvent:
     """A stream's first event, taken before the response starts: a refusal before it is still
     an error response (a 400). Failing, the watcher and the stream are closed."""
     try:
@@ -80,8 +78,8 @@ async def first_of(
 
 
 async def then(
-    first: Queued | Started | Chunk, rest: AsyncGenerator[Queued | Started | Chunk]
-) -> AsyncGenerator[Queued | Started | Chunk]:
+    first: StreamEvent, rest: AsyncGenerator[StreamEvent]
+) -> AsyncGenerator[StreamEvent]:
     """`first` (already taken, to answer a refusal with a 400), then the rest."""
     try:
         yield first

@@ -51,13 +51,26 @@ class Inbox(Generic[T]):
             batch.append(self._items.popleft())
         return batch
 
-    async def take(self) -> list[T]:
-        """Everything put so far, in order; waits for at least one item."""
-        while True:
-            # Cleared before the items are taken: whatever is put after this wakes us again.
-            self._waking = False
-            batch = self.take_ready()
-            if batch:
-                return batch
-            self._ready.clear()
-            await self._ready.wait()
+    async def take(self, within: float | None = None) -> list[T]:
+        """Everything put so far, in order; waits for at least one item, or for `within`
+        seconds at most (then nothing)."""
+        timed_out = False
+
+        def time_out() -> None:
+            nonlocal timed_out
+            timed_out = True
+            self._ready.set()
+
+        timer = None if within is None else self._loop.call_later(within, time_out)
+        try:
+            while True:
+                # Cleared before the items are taken: whatever is put after this wakes us again.
+                self._waking = False
+                batch = self.take_ready()
+                if batch or timed_out:
+                    return batch
+                self._ready.clear()
+                await self._ready.wait()
+        finally:
+            if timer is not None:
+                timer.cancel()

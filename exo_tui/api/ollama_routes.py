@@ -9,10 +9,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from pydantic import BaseModel
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, PrefillProgress
+from engine.types import ChatRequest, DoneChunk, ErrorChunk
 from exo_tui.api.bodies import read_model
 from exo_tui.api.context import (
     checked,
@@ -51,7 +51,8 @@ from exo_tui.api.ollama_types import (
     Tags,
     Version,
 )
-from exo_tui.api.scheduler import Queued, Started
+from exo_tui.api.scheduler import Queued, Started, StreamEvent, Unsaid
+from exo_tui.api.streaming import Streamed
 from exo_tui.chat.backend import Backend
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this one follows, for clients that check
@@ -205,14 +206,10 @@ async def _answer(
             watcher.cancel()
             await events.aclose()
     first = await first_of(events, watcher)
-    return StreamingResponse(
-        _lines(first, events, watcher, shape, started), media_type="application/x-ndjson"
-    )
+    return Streamed(_lines(first, events, watcher, shape, started), "application/x-ndjson")
 
 
-async def _whole(
-    events: AsyncIterator[Queued | Started | Chunk], shape: Shape, started: float
-) -> BaseModel:
+async def _whole(events: AsyncIterator[StreamEvent], shape: Shape, started: float) -> BaseModel:
     """The whole answer, once its thread has ended (the events run out)."""
     parts: list[MessageOut] = []
     done: DoneChunk | None = None
@@ -221,26 +218,26 @@ async def _whole(
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
             done = done or event
-        elif not isinstance(event, Queued | Started | PrefillProgress):  # (no wire word for one)
+        elif not isinstance(event, Unsaid):
             parts.append(message_part(event))
     assert done is not None  # the scheduler always ends with one
     return shape(merged(parts), done, time.perf_counter() - started, None)
 
 
 async def _lines(
-    first: Queued | Started | Chunk,
-    events: AsyncGenerator[Queued | Started | Chunk],
+    first: StreamEvent,
+    events: AsyncGenerator[StreamEvent],
     watcher: asyncio.Task[None],
     shape: Shape,
     started: float,
-) -> AsyncIterator[str]:
+) -> AsyncGenerator[bytes]:
     try:
         if isinstance(first, Queued):
             yield _line(shape(MessageOut(), None, 0.0, first.position))
         elif not isinstance(first, Started):
             events = then(first, events)
         async for event in events:
-            if isinstance(event, Queued | Started | PrefillProgress):  # (no wire word for one)
+            if isinstance(event, Unsaid):
                 continue
             if isinstance(event, ErrorChunk):
                 yield _line(ErrorOut(error=event.message))
@@ -253,8 +250,8 @@ async def _lines(
         await events.aclose()
 
 
-def _line(body: BaseModel) -> str:
-    return body.model_dump_json(exclude_none=True) + "\n"
+def _line(body: BaseModel) -> bytes:
+    return body.model_dump_json(exclude_none=True).encode() + b"\n"
 
 
 def _started(at: float) -> str:

@@ -6,12 +6,12 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette import ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from engine.types import Chunk, DoneChunk, ErrorChunk, PrefillProgress
+from engine.types import DoneChunk, ErrorChunk
 from exo_tui.api.bodies import read_model
 from exo_tui.api.context import (
     checked,
@@ -37,7 +37,8 @@ from exo_tui.api.openai_types import (
     ModelList,
     ModelObject,
 )
-from exo_tui.api.scheduler import Queued, Started
+from exo_tui.api.scheduler import KeepAlive, Queued, Started, StreamEvent, Unsaid
+from exo_tui.api.streaming import Streamed
 
 
 async def list_models(request: Request) -> Response:
@@ -65,12 +66,14 @@ async def chat_completions(request: Request) -> Response:
             await events.aclose()
     first = await first_of(events, watcher)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return EventSourceResponse(
-        _sse(first, events, watcher, backend.card.name, include_usage), sep="\n"
+    return Streamed(
+        _sse(first, events, watcher, backend.card.name, include_usage),
+        "text/event-stream",
+        {"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )
 
 
-async def _whole(events: AsyncIterator[Queued | Started | Chunk], model: str) -> ChatCompletion:
+async def _whole(events: AsyncIterator[StreamEvent], model: str) -> ChatCompletion:
     """The whole answer, once its thread has ended (the events run out)."""
     deltas: list[Delta] = []
     done: DoneChunk | None = None
@@ -79,7 +82,7 @@ async def _whole(events: AsyncIterator[Queued | Started | Chunk], model: str) ->
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
             done = done or event
-        elif not isinstance(event, Queued | Started | PrefillProgress):  # (no wire word for one)
+        elif not isinstance(event, Unsaid):
             deltas.append(delta(event, sum(len(d.tool_calls or ()) for d in deltas)))
     assert done is not None  # the scheduler always ends with one
     return ChatCompletion(
@@ -92,12 +95,12 @@ async def _whole(events: AsyncIterator[Queued | Started | Chunk], model: str) ->
 
 
 async def _sse(
-    first: Queued | Started | Chunk,
-    events: AsyncGenerator[Queued | Started | Chunk],
+    first: StreamEvent,
+    events: AsyncGenerator[StreamEvent],
     watcher: asyncio.Task[None],
     model: str,
     include_usage: bool,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes]:
     cid, created = completion_id(), int(time.time())
 
     def chunk(choices: list[ChunkChoice], **extra: object) -> bytes:
@@ -115,9 +118,11 @@ async def _sse(
         if not isinstance(first, Queued | Started):
             events = then(first, events)
         async for event in events:
-            if isinstance(event, Queued | Started | PrefillProgress):  # (no wire word for one)
+            if isinstance(event, KeepAlive):
+                yield b": keep-alive\n\n"  # an SSE comment: clients read past it
+            elif isinstance(event, Unsaid):
                 continue
-            if isinstance(event, ErrorChunk):
+            elif isinstance(event, ErrorChunk):
                 error = ErrorResponse(error=ErrorBody(message=event.message, type="server_error"))
                 yield sse(error.model_dump_json(exclude_none=True))
             elif isinstance(event, DoneChunk):

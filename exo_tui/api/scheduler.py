@@ -32,7 +32,10 @@ BOARD_INTERVAL_S = 0.1
 # A stream's chunks go out at most this often (50 a second, smoother than a screen needs):
 # each one costs the server and the client the same work however many tokens it holds, work
 # that the model's threads would otherwise do on the same cores. bench/api.py measures it.
-STREAM_EVERY_S = 0.02  # a running answer's tokens reach the board at most this often
+STREAM_EVERY_S = 0.02
+# A stream with nothing to send for this long says it is alive: clients and proxies give up on
+# a connection silent for longer (a long wait in the queue, a long prompt's prefill).
+KEEPALIVE_S = 15.0
 
 
 class Queued(Frozen):
@@ -47,6 +50,18 @@ class Started(Frozen):
     response starts on it, while the model works on the first token."""
 
     type: Literal["started"] = "started"
+
+
+class KeepAlive(Frozen):
+    """Nothing came for KEEPALIVE_S."""
+
+    type: Literal["keepalive"] = "keepalive"
+
+
+StreamEvent = Queued | Started | KeepAlive | Chunk
+# The events with no word on either API's wire (a prefill's progress among them: a client
+# waits for its first token, as from any server). An SSE stream says a KeepAlive as a comment.
+Unsaid = Queued | Started | KeepAlive | PrefillProgress
 
 
 class Failed(Frozen):
@@ -143,9 +158,10 @@ class Scheduler:
         self._grant()
         return job
 
-    async def stream(self, job: Job) -> AsyncGenerator[Queued | Started | Chunk]:
+    async def stream(self, job: Job) -> AsyncGenerator[StreamEvent]:
         """The job's chunks, after a `Queued` first if it waits and a `Started` once the
-        backend took it (unless a chunk came first), and always a DoneChunk last.
+        backend took it (unless a chunk came first), and always a DoneChunk last; a
+        `KeepAlive` whenever nothing came for KEEPALIVE_S.
         Raises ApiError when it fails before its first chunk; a later failure is an
         ErrorChunk. Leaving early cancels it. The board shows what was handed over here: an
         answer whose client left before its end is cancelled, however far the model got."""
@@ -159,7 +175,10 @@ class Scheduler:
             loop = asyncio.get_running_loop()
             last_sent = 0.0
             while not ended:
-                taken = await job.events.take()
+                taken = await job.events.take(KEEPALIVE_S)
+                if not taken:
+                    yield KeepAlive()
+                    continue
                 # The first chunk at once; later ones at most every STREAM_EVERY_S, what came
                 # meanwhile in one. (A model slower than that is not held at all: the loop
                 # then wakes once a token, not also for a timer.)

@@ -9,7 +9,10 @@ import time
 from collections.abc import Callable
 
 import httpx
+import openai
+import pytest
 
+from exo_tui.api import scheduler
 from exo_tui.chat.backend import LocalBackend
 from tests.api.conftest import HeldBackend, PacedBackend, Serve
 
@@ -137,6 +140,44 @@ def test_a_stream_starts_before_its_first_token(serve: Serve, tiny_backend: Loca
         events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert events[-1]["choices"][0]["finish_reason"] == "length"
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+
+
+def test_a_silent_stream_says_it_is_alive(
+    serve: Serve, tiny_backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While nothing comes (a long wait, a long prefill) a stream sends an SSE comment now and
+    then, which a client or proxy that gives up on a silent connection sees, and the openai
+    client reads past."""
+    monkeypatch.setattr(scheduler, "KEEPALIVE_S", 0.1)
+    paced = PacedBackend(tiny_backend)
+    paced.gate.clear()
+    served = serve(paced)
+    body = {
+        "model": tiny_backend.card.name,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        "temperature": 0,
+        "stream": True,
+    }
+    with httpx.stream(
+        "POST", f"{served.url}/v1/chat/completions", json=body, timeout=60
+    ) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: {")  # the role chunk
+        silent = [next(lines) for _ in range(4)]  # (events end in a blank line)
+        assert [line for line in silent if line] == [": keep-alive"] * 2
+        paced.gate.set()
+        rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert rest[-1]["choices"][0]["finish_reason"] == "length"
+
+    paced.gate.clear()
+    threading.Timer(0.5, paced.gate.set).start()
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+    chunks = list(client.chat.completions.create(**body))  # type: ignore[call-overload]
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "".join(
+        e["choices"][0]["delta"].get("content", "") for e in rest
+    )
 
 
 def test_a_request_cancelled_from_the_board_leaves_the_queue(
