@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 MAX_WAITING = 16
 RETRY_AFTER_S = 5  # a 429's Retry-After: a few short answers' time
-BOARD_INTERVAL_S = 0.1
+BOARD_INTERVAL_S = 0.1  # a running answer's tokens reach the board at most this often
 # A stream's chunks go out at most this often (50 a second, smoother than a screen needs):
 # each one costs the server and the client the same work however many tokens it holds, work
 # that the model's threads would otherwise do on the same cores. bench/api.py measures it.
