@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080  # mlx_lm.server's and llama-server's
+KEEP_ALIVE_S = 75  # seconds an idle connection stays open (nginx's and gunicorn's common setting)
 # How long a thread may hold the GIL while another waits for it, while serving (Python's
 # default: 5 ms); bench/api.py measures what it does.
 GIL_SWITCH_INTERVAL_S = 0.001
@@ -183,6 +184,10 @@ class ApiServer:
             access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=3,
+            # An idle connection is kept longer than clients keep theirs in their pools (httpx
+            # 5 s, aiohttp 15 s): with uvicorn's 5 s, a client reusing one as the server closes
+            # it gets a connection error instead of its answer.
+            timeout_keep_alive=KEEP_ALIVE_S,
             log_config=LOGGING_CONFIG if log_to_stderr else None,
         )
         if not log_to_stderr:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import time
 from typing import Any
 
 import openai
@@ -205,3 +207,22 @@ def test_a_stepped_prefill_sends_nothing_until_the_first_words(
     # Between the role and the end: words only (a prefill step has no delta to send).
     assert all(d.delta.content for d in deltas[1:-1]), deltas
     assert len(deltas) - 2 >= 1
+
+
+def test_a_connection_idle_as_long_as_a_client_pool_keeps_it_is_still_served(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    """Clients keep idle connections in a pool and reuse them (httpx, which the openai client
+    uses, for 5 s). A server that closes one first races the client's next request on it, which
+    then fails; it is kept open longer here."""
+    served = serve(demo_backend)
+    host, port = served.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        for pause in (6, 0):  # past httpx's 5 s (uvicorn's own default closes it at 5)
+            connection.request("GET", "/v1/models")
+            response = connection.getresponse()
+            assert response.status == 200 and json.loads(response.read())["data"]
+            time.sleep(pause)
+    finally:
+        connection.close()
