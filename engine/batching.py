@@ -501,11 +501,14 @@ class BatchEngine:
     def _end(self, uid: int, cache: list[Any], tokens: list[int]) -> None:
         live = self._live.pop(uid)
         if tokens:  # (none: it left before any of its prompt went through the model)
+            self.loaded.prompt_cache.keep(list(tokens), cache)
+        # The end goes out before the cache is computed, which waits for the step the batch has
+        # already begun (mlx-lm dispatches the next before it reads this one's tokens).
+        self._reply(live.id, live.caller, live.answer.done())
+        if tokens:
             # Computed here: a lazy array built on this thread's stream cannot be computed on
             # another thread (the next engine's, or the one-at-a-time path's).
             mx.eval([layer.state for layer in cache])
-            self.loaded.prompt_cache.keep(list(tokens), cache)
-        self._reply(live.id, live.caller, live.answer.done())
 
     def _reply(self, ident: int, caller: Caller, chunks: Sequence[Chunk | Refused]) -> None:
         for chunk in chunks:
