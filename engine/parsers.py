@@ -71,10 +71,12 @@ class OutputParser:
         rest, self._buffer = self._buffer, ""
         if self._state == "tool":
             self._state = "text"
+            opening = self._tool[0] if self._tool else ""
             return [
                 ErrorChunk(
                     message="The model stopped in the middle of a tool call "
-                    f"(no closing marker): {rest.strip()[:200]!r}"
+                    f"(no closing marker): {rest.strip()[:200]!r}",
+                    output=opening + rest,
                 )
             ]
         return self._emit(rest, final=False)
@@ -125,6 +127,17 @@ class OutputParser:
         return [TextChunk(text=text)]
 
     def _parse_tool_call(self, text: str) -> list[ParsedChunk]:
+        """The calls in `text` (a tool call's body); an error where it cannot be read, which
+        carries the call as the model wrote it."""
+        opening, closing = self._tool or ("", "")
+        return [
+            chunk.model_copy(update={"output": opening + text + closing})
+            if isinstance(chunk, ErrorChunk)
+            else chunk
+            for chunk in self._read_tool_call(text)
+        ]
+
+    def _read_tool_call(self, text: str) -> list[ParsedChunk]:
         if self._tool_parser is None:
             return [
                 ErrorChunk(message=f"The model emitted a tool call but has no parser: {text!r}")

@@ -191,6 +191,9 @@ class ErrorChunk(Frozen):
     # The request was refused before it ran, for a cause in the request itself (a prompt past
     # the context, a bad value): an API answers it with a 400, as a refusal on one machine.
     refused: bool = False
+    # What the model wrote that its parser could not read (a tool call cut off or malformed):
+    # the TUI says the error, an API gives the client the text, as other servers do.
+    output: str = ""
 
 
 FinishReason = Literal["stop", "length", "cancelled", "tool_calls", "error"]

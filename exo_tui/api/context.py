@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from engine.errors import EngineError
 from engine.generate import validate
-from engine.types import ChatRequest
+from engine.types import ChatRequest, ErrorChunk, TextChunk
 from exo_tui.api.errors import from_engine
 from exo_tui.api.loaded import BackendGetter
 from exo_tui.api.scheduler import CancelFlag, Scheduler, StreamEvent
@@ -75,6 +75,15 @@ async def first_of(events: AsyncGenerator[StreamEvent], watcher: asyncio.Task[No
         watcher.cancel()
         await events.aclose()
         raise
+
+
+def as_read(event: StreamEvent) -> StreamEvent:
+    """An error about the model's own text (a tool call cut off by `max_tokens`, or one its
+    parser cannot read) as that text: the client gets what the model wrote and the answer's
+    own finish reason, as from other servers, not an error that loses the answer."""
+    if isinstance(event, ErrorChunk) and event.output:
+        return TextChunk(text=event.output)
+    return event
 
 
 async def then(

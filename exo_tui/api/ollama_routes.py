@@ -15,6 +15,7 @@ from starlette.routing import Route
 from engine.types import ChatRequest, DoneChunk, ErrorChunk
 from exo_tui.api.bodies import read_model
 from exo_tui.api.context import (
+    as_read,
     checked,
     client_of,
     context_of,
@@ -214,6 +215,7 @@ async def _whole(events: AsyncIterator[StreamEvent], shape: Shape, started: floa
     parts: list[MessageOut] = []
     done: DoneChunk | None = None
     async for event in events:
+        event = as_read(event)
         if isinstance(event, ErrorChunk):
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
@@ -237,6 +239,7 @@ async def _lines(
         elif not isinstance(first, Started):
             events = then(first, events)
         async for event in events:
+            event = as_read(event)
             if isinstance(event, Unsaid):
                 continue
             if isinstance(event, ErrorChunk):

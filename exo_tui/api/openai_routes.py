@@ -14,6 +14,7 @@ from starlette.routing import Route
 from engine.types import DoneChunk, ErrorChunk
 from exo_tui.api.bodies import read_model
 from exo_tui.api.context import (
+    as_read,
     checked,
     client_of,
     context_of,
@@ -78,6 +79,7 @@ async def _whole(events: AsyncIterator[StreamEvent], model: str) -> ChatCompleti
     deltas: list[Delta] = []
     done: DoneChunk | None = None
     async for event in events:
+        event = as_read(event)
         if isinstance(event, ErrorChunk):
             raise ApiError(500, event.message, "server_error")
         if isinstance(event, DoneChunk):
@@ -118,6 +120,7 @@ async def _sse(
         if not isinstance(first, Queued | Started):
             events = then(first, events)
         async for event in events:
+            event = as_read(event)
             if isinstance(event, KeepAlive):
                 yield b": keep-alive\n\n"  # an SSE comment: clients read past it
             elif isinstance(event, Unsaid):

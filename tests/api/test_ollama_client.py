@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import ollama
 
 from exo_tui.chat.backend import LocalBackend
@@ -27,13 +29,16 @@ def test_streamed_chat_is_the_whole_answer_in_pieces(
     assert (last.prompt_eval_count or 0) > 0 and (last.total_duration or 0) > 0
 
 
+TOOLS: Any = [
+    {"type": "function", "function": {"name": t.name, "description": t.description,
+                                      "parameters": t.parameters}}
+    for t in BUILTIN_TOOLS
+]  # fmt: skip
+
+
 def test_tool_call_comes_with_arguments(serve: Serve, demo_backend: LocalBackend) -> None:
     api = ollama.Client(host=serve(demo_backend).url)
-    tools = [
-        {"type": "function", "function": {"name": t.name, "description": t.description,
-                                          "parameters": t.parameters}}
-        for t in BUILTIN_TOOLS
-    ]  # fmt: skip
+    tools = TOOLS
     question = {"role": "user", "content": "what is 12 times 34"}
     answer = api.chat(
         model="demo", messages=[question], tools=tools, options={"temperature": 0}, stream=False
@@ -52,6 +57,23 @@ def test_tool_call_comes_with_arguments(serve: Serve, demo_backend: LocalBackend
         options={"temperature": 0},
     )
     assert "408" in (followed.message.content or "")
+
+
+def test_a_tool_call_cut_by_num_predict_comes_as_the_text_it_had(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    api = ollama.Client(host=serve(demo_backend).url)
+    ask: Any = {
+        "model": "demo",
+        "messages": [{"role": "user", "content": "what is 12 times 34"}],
+        "tools": TOOLS,
+        "options": {"temperature": 0, "num_predict": 6},
+    }
+    whole = api.chat(**ask, stream=False)
+    assert whole.done_reason == "length" and not whole.message.tool_calls
+    assert (whole.message.content or "").startswith('<tool_call>\n{"name"')
+    parts = list(api.chat(**ask, stream=True))
+    assert "".join(p.message.content or "" for p in parts) == whole.message.content
 
 
 def test_generate_list_show_version(serve: Serve, demo_backend: LocalBackend) -> None:

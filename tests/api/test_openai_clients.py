@@ -169,6 +169,28 @@ def test_a_whole_tool_call_and_a_named_tool_choice(
         )
 
 
+def test_a_tool_call_cut_by_max_tokens_comes_as_the_text_it_had(
+    serve: Serve, demo_backend: LocalBackend
+) -> None:
+    """Out of tokens in the middle of its tool call, the demo's answer is what it wrote so far,
+    with finish_reason "length", whole or streamed: not an error that loses it."""
+    api = client(serve(demo_backend).url)
+    ask: Any = {
+        "model": "demo",
+        "messages": [{"role": "user", "content": QUESTION}],
+        "tools": TOOLS,
+        "temperature": 0,
+        "max_tokens": 6,
+    }
+    whole = api.chat.completions.create(**ask)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.tool_calls
+    assert (choice.message.content or "").startswith('<tool_call>\n{"name"')
+    chunks = list(api.chat.completions.create(**ask, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_stop_strings_cut_the_answer(serve: Serve, demo_backend: LocalBackend) -> None:
     api = client(serve(demo_backend).url)
     ask = {"model": "demo", "messages": [{"role": "user", "content": "hello"}], "temperature": 0}

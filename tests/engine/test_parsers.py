@@ -93,6 +93,7 @@ def test_unclosed_tool_call_is_an_error_not_a_hang() -> None:
     assert len(chunks) == 1
     assert isinstance(chunks[0], ErrorChunk)
     assert "middle of a tool call" in chunks[0].message
+    assert chunks[0].output == '<tool_call>{"name": "calculator", "argu'  # as the model wrote it
 
 
 def test_invalid_json_is_an_error_naming_the_text() -> None:
@@ -100,6 +101,7 @@ def test_invalid_json_is_an_error_naming_the_text() -> None:
     assert isinstance(chunks[0], ErrorChunk)
     assert "not valid JSON" in chunks[0].message
     assert "{name: calculator}" in chunks[0].message
+    assert chunks[0].output == "<tool_call>{name: calculator}</tool_call>"
 
 
 def test_arguments_given_as_a_json_string_are_parsed() -> None:
