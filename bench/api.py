@@ -10,6 +10,7 @@ prints each stream's rate over the mean of its two neighbours', the median of th
 decoding: both paths produce the same tokens.
 
     .venv/bin/python bench/api.py [--model PATH] [--streams 1,2,4,8,16] [--max-tokens 64]
+        [--repeats 5] [--one-rounds 8]
 
 `--model` takes a model folder, e.g. the 4-bit llama of Llama-3.2-1B's shape that
 bench/cpu_kernels.py builds (its `q4` folder in the user cache); the default is the demo.
@@ -183,6 +184,12 @@ def main() -> None:
     parser.add_argument(
         "--repeats", type=int, default=5, help="rounds of each size to take the median of"
     )
+    parser.add_argument(
+        "--one-rounds",
+        type=int,
+        default=8,
+        help="rounds of one stream against the headless chat (each 4 streams, a new server)",
+    )
     parser.add_argument("--headless-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -202,17 +209,22 @@ def main() -> None:
     ratios: dict[str, list[float]] = {"api": [], "raw": []}
     rates: dict[str, list[float]] = {"api": [], "raw": [], "chat": []}
     tokens = 0
-    for _ in range(args.repeats):
+    for _ in range(args.one_rounds):
         tokens = one_round_against_headless(args, name, ratios, rates)
     median = statistics.median
-    print(f"one stream, request to last token ({tokens} tokens; {args.repeats} rounds, each with "
-          f"a new server and a new headless chat process, every API stream between two headless "
-          f"chats): headless chat {median(rates['chat']):.1f} tok/s; "
+    print(f"one stream, request to last token ({tokens} tokens; {args.one_rounds} rounds, each "
+          f"with a new server and a new headless chat process, every API stream between two "
+          f"headless chats): headless chat {median(rates['chat']):.1f} tok/s; "
           f"API with the openai client {median(rates['api']):.1f} "
-          f"({median(ratios['api']):.2f}x its neighbours, median; "
-          f"{min(ratios['api']):.2f}-{max(ratios['api']):.2f}), read as plain SSE lines "
+          f"({median(ratios['api']):.2f}x its neighbours, median of {len(ratios['api'])}; "
+          f"quartiles {quartiles(ratios['api'])}), read as plain SSE lines "
           f"{median(rates['raw']):.1f} ({median(ratios['raw']):.2f}x; "
-          f"{min(ratios['raw']):.2f}-{max(ratios['raw']):.2f})")  # fmt: skip
+          f"quartiles {quartiles(ratios['raw'])})")  # fmt: skip
+
+
+def quartiles(values: list[float]) -> str:
+    low, _, high = statistics.quantiles(values, n=4)
+    return f"{low:.2f}-{high:.2f}"
 
 
 def stop(process: subprocess.Popen[str]) -> None:
