@@ -89,9 +89,12 @@ def test_queued_streams_say_their_place_and_answer_as_alone(
     assert [r.state for r in served.board.snapshot()] == ["done"] * 3
 
 
-def test_a_client_that_goes_frees_its_slot(serve: Serve, tiny_backend: LocalBackend) -> None:
+@pytest.mark.parametrize("api", ["openai", "ollama"])
+def test_a_client_that_goes_frees_its_slot(
+    serve: Serve, tiny_backend: LocalBackend, api: str
+) -> None:
     """The tiny model's greedy answer to "hi" runs to max_tokens: only the disconnect stops it
-    (long before the 1900 tokens at 100 a second)."""
+    (long before the 1900 tokens at 100 a second), on either API's stream."""
     served = serve(PacedBackend(tiny_backend, 0.01))
     name = tiny_backend.card.name
     body = {
@@ -100,12 +103,14 @@ def test_a_client_that_goes_frees_its_slot(serve: Serve, tiny_backend: LocalBack
         "max_tokens": 1900,
         "temperature": 0,  # sampled, its random weights can pick an end of turn
     }
-    with httpx.stream(
-        "POST", f"{served.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
-    ) as response:
+    path, streamed = "/v1/chat/completions", {**body, "stream": True}
+    if api == "ollama":
+        path = "/api/chat"
+        streamed = {**body, "stream": True, "options": {"temperature": 0, "num_predict": 1900}}
+    with httpx.stream("POST", f"{served.url}{path}", json=streamed, timeout=60) as response:
         lines = response.iter_lines()
         seen = [next(lines) for _ in range(12)]
-    assert any(line.startswith("data: ") for line in seen)
+    assert any(line.startswith("data: ") or line.startswith("{") for line in seen)
     wait_until(lambda: served.scheduler.running == 0)
     [gone] = served.board.snapshot()
     assert gone.state == "cancelled" and gone.completion_tokens < 1900
