@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
@@ -14,7 +15,7 @@ import pytest
 
 from exo_tui.api import scheduler
 from exo_tui.chat.backend import LocalBackend
-from tests.api.conftest import HeldBackend, PacedBackend, Serve
+from tests.api.conftest import HeldBackend, PacedBackend, Serve, Served
 
 HELLO = {"model": "demo", "messages": [{"role": "user", "content": "hello"}], "temperature": 0}
 
@@ -120,12 +121,13 @@ def test_a_client_that_goes_frees_its_slot(
     assert after.json()["choices"][0]["finish_reason"] == "length"
 
 
-def test_a_stream_starts_before_its_first_token(serve: Serve, tiny_backend: LocalBackend) -> None:
-    """Once the model has taken the request, its response and role chunk go out while the
-    first token is still being made (here: held back until the client has them)."""
+def held_stream(
+    serve: Serve, tiny_backend: LocalBackend
+) -> tuple[PacedBackend, Served, dict[str, Any]]:
+    """A server whose answers hand nothing over until the test opens `paced.gate`, and the body
+    of a streamed 5-token request to it."""
     paced = PacedBackend(tiny_backend)
     paced.gate.clear()
-    served = serve(paced)
     body = {
         "model": tiny_backend.card.name,
         "messages": [{"role": "user", "content": "hi"}],
@@ -133,6 +135,13 @@ def test_a_stream_starts_before_its_first_token(serve: Serve, tiny_backend: Loca
         "temperature": 0,
         "stream": True,
     }
+    return paced, serve(paced), body
+
+
+def test_a_stream_starts_before_its_first_token(serve: Serve, tiny_backend: LocalBackend) -> None:
+    """Once the model has taken the request, its response and role chunk go out while the
+    first token is still being made (here: held back until the client has them)."""
+    paced, served, body = held_stream(serve, tiny_backend)
     with httpx.stream(
         "POST", f"{served.url}/v1/chat/completions", json=body, timeout=60
     ) as response:
@@ -154,16 +163,7 @@ def test_a_silent_stream_says_it_is_alive(
     then, which a client or proxy that gives up on a silent connection sees, and the openai
     client reads past."""
     monkeypatch.setattr(scheduler, "KEEPALIVE_S", 0.1)
-    paced = PacedBackend(tiny_backend)
-    paced.gate.clear()
-    served = serve(paced)
-    body = {
-        "model": tiny_backend.card.name,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 5,
-        "temperature": 0,
-        "stream": True,
-    }
+    paced, served, body = held_stream(serve, tiny_backend)
     with httpx.stream(
         "POST", f"{served.url}/v1/chat/completions", json=body, timeout=60
     ) as response:

@@ -50,6 +50,16 @@ def text_of(chunks: list[Chunk]) -> str:
     return "".join(c.text for c in chunks if isinstance(c, TextChunk))
 
 
+def delivered(replies: queue.Queue[Chunk | Exception]) -> list[Chunk]:
+    """The chunks `BatchEngine.submit` handed to `replies.put`, up to the DoneChunk."""
+    chunks: list[Chunk] = []
+    while not chunks or not isinstance(chunks[-1], DoneChunk):
+        item = replies.get(timeout=60)
+        assert not isinstance(item, Exception)
+        chunks.append(item)
+    return chunks
+
+
 def alone(loaded: LoadedModel, request: ChatRequest) -> list[Chunk]:
     """What engine.generate gives, from an empty prompt cache (which it leaves empty)."""
     loaded.prompt_cache.clear()
@@ -381,12 +391,7 @@ def test_requests_that_come_during_a_first_pass_start_with_it_in_one_step(
 
     batch.submit(first, None, first_delivers)
     for replies, theirs in zip(got, expected, strict=True):
-        mine: list[Chunk] = []
-        while not mine or not isinstance(mine[-1], DoneChunk):
-            item = replies.get(timeout=60)
-            assert not isinstance(item, Exception)
-            mine.append(item)
-        assert done_of(mine).token_ids == done_of(theirs).token_ids
+        assert done_of(delivered(replies)).token_ids == done_of(theirs).token_ids
     assert batch.most_at_once == 3
 
 
@@ -428,11 +433,7 @@ def test_a_request_joining_decoding_rows_takes_only_its_first_pass_alone(
 
         engine.submit(requests[0], None, first_delivers)
         for replies, theirs in zip(got, expected, strict=True):
-            mine: list[Chunk] = []
-            while not mine or not isinstance(mine[-1], DoneChunk):
-                item = replies.get(timeout=60)
-                assert not isinstance(item, Exception)
-                mine.append(item)
+            mine = delivered(replies)
             assert done_of(mine).token_ids == done_of(theirs).token_ids
             assert done_of(mine).usage == done_of(theirs).usage
     finally:
