@@ -1,13 +1,17 @@
-"""A request that has its first token joins the batch's running rows at their next step.
+"""Requests that have their first tokens join the batch's running rows at their next step.
 
-mlx-lm's `BatchGenerator.insert` would take it through a prompt batch of its own: its cache
-merged and deep-copied there, then a step of its own (a pass over every weight for one row),
-before its row joins the running ones. Its first token is already known here (the pass that
-gave it is `engine.generate.first_token`), so its row goes straight in: the next step of the
-batch feeds that token with the others' and gives its second token with theirs.
+mlx-lm's `BatchGenerator.insert` would take such a request through a prompt batch of its own:
+its cache merged and deep-copied there, then a step of its own (a pass over every weight for
+its rows), before its row joins the running ones. Its first token is already known here (from
+`engine.generate.first_token` for one request, `first_tokens` for several that came
+together), so its row goes straight in: the next step of the batch feeds that token with the
+others' and gives its second token with theirs.
 
-This builds on mlx-lm's `GenerationBatch` (the rows being decoded) as its own `extend` sees it;
-`enter` falls back to `insert` for any other state of the generator.
+Several requests that come together get their first tokens from one pass (`first_tokens`).
+mlx-lm's prompt batch takes two passes for them: one for all but the last token of each
+prompt, one for the last, and hands the tokens out a step later still.
+
+This builds on mlx-lm's `GenerationBatch` (the rows being decoded) as its own `extend` sees it.
 """
 # pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
 # pyright: reportMissingTypeStubs=false, reportPrivateUsage=false
@@ -15,13 +19,52 @@ This builds on mlx-lm's `GenerationBatch` (the rows being decoded) as its own `e
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
 from mlx_lm.models.cache import TokenBuffer
 
+from engine.generate import last_position_logits
+from engine.kernels import routing
 from engine.sampling import Sampler
+
+
+def first_tokens(
+    model: Any,
+    rests: Sequence[list[int]],
+    caches: Sequence[list[Any]],
+    samplers: Sequence[Sampler],
+    stream: Any,
+) -> tuple[list[Any], list[int], list[bool]]:
+    """The token after each of `rests` (each put after its cache), for all of them in one pass
+    over the weights, on `stream`. Returns their caches merged into one batch cache (a row each,
+    with its rest), the tokens, and whether each row's logits were numbers.
+
+    The rests are padded on the right to the longest, as mlx-lm's prompt batch does; the caches
+    are told, so the padding is rolled to the left of each row afterwards."""
+    lengths = [len(rest) for rest in rests]
+    padding = [max(lengths) - length for length in lengths]
+    with mx.stream(stream):
+        merged = [layers[0].merge(list(layers)) for layers in zip(*caches, strict=True)]
+        if any(padding):
+            for layer in merged:
+                layer.prepare(lengths=lengths, right_padding=padding)
+        tokens = mx.array([rest + [0] * pad for rest, pad in zip(rests, padding, strict=True)])
+        logits = last_position_logits(model, tokens, merged, [n - 1 for n in lengths])
+        if any(padding):
+            for layer in merged:
+                layer.finalize()
+        logprobs = logits - routing.logsumexp(logits, axis=-1, keepdims=True)
+        if all(sampler is samplers[0] for sampler in samplers):
+            sampled = samplers[0](logprobs)
+        else:
+            rows = [sampler(logprobs[i : i + 1]) for i, sampler in enumerate(samplers)]
+            sampled = mx.concatenate(rows)
+        finite = mx.all(mx.isfinite(logits), axis=-1)
+        mx.eval(sampled, finite, [layer.state for layer in merged])
+    return merged, cast(list[int], sampled.tolist()), cast(list[bool], finite.tolist())
 
 
 def enter(
@@ -31,46 +74,45 @@ def enter(
     cache: list[Any],
     sampler: Sampler,
     max_tokens: int,
-) -> tuple[int, bool]:
-    """Add a request whose `prompt` is in `cache` and whose first token is `token`.
+) -> int:
+    """Add a request whose `prompt` is in `cache` and whose first token is `token` (see
+    `enter_rows`); its uid."""
+    with mx.stream(generator.stream):
+        merged = [layer.merge([layer]) for layer in cache]
+    (uid,) = enter_rows(generator, [token], [prompt], merged, [sampler], [max_tokens])
+    return uid
 
-    Returns its uid and whether it went into the running rows, in which case its first
-    response is `token` again (to be skipped) and its length counts that token
-    (`max_tokens` includes it). Otherwise it was inserted, and its responses start at its
-    second token."""
+
+def enter_rows(
+    generator: BatchGenerator,
+    tokens: Sequence[int],
+    prompts: Sequence[list[int]],
+    merged: list[Any],
+    samplers: Sequence[Sampler],
+    max_tokens: Sequence[int],
+) -> list[int]:
+    """Add requests to the running rows (any number of them, none included): each holds its
+    prompt in its row of the batch cache `merged` and has its first token. Returns their uids.
+    Each one's first response is its first token again (a step answers with the tokens it
+    fed), to be skipped, and its length counts that token."""
     running = generator._generation_batch
-    next_tokens = running._next_tokens  # what the rows feed at their next step
-    if (
-        not len(running)
-        or next_tokens is None
-        or len(generator._prompt_batch)
-        or generator._unprocessed_sequences
-    ):
-        (uid,) = generator.insert(
-            [[token]],
-            max_tokens=[max_tokens - 1],
-            caches=[cache],
-            all_tokens=[list(prompt)],  # the batch appends to it
-            samplers=[sampler],
-        )
-        return uid, False
-    uid = generator._uid_count
-    generator._uid_count += 1
-    row = GenerationBatch.empty(generator.model, generator.sampler)  # empty: it takes no step
-    row.uids = [uid]
-    row.tokens = [list(prompt)]  # the tokens in its cache; the step appends what it feeds
-    row.samplers = [sampler]
-    row.logits_processors = [[]]
-    row.stop_sequences = [generator._default_stop_sequences]
-    row.max_tokens = [max_tokens]
-    row._token_context = [TokenBuffer(prompt)]
-    row._num_tokens = [0]
-    row._matchers = [generator._default_stop_sequences.matcher()]
+    count = len(prompts)
+    uids = list(range(generator._uid_count, generator._uid_count + count))
+    generator._uid_count += count
+    rows = GenerationBatch.empty(generator.model, generator.sampler)  # empty: it takes no step
+    rows.uids = uids
+    rows.tokens = [list(prompt) for prompt in prompts]  # in the cache; each step appends its own
+    rows.samplers = list(samplers)
+    rows.logits_processors = [[] for _ in prompts]
+    rows.stop_sequences = [generator._default_stop_sequences for _ in prompts]
+    rows.max_tokens = list(max_tokens)
+    rows._token_context = [TokenBuffer(prompt) for prompt in prompts]
+    rows._num_tokens = [0] * count
+    rows._matchers = [generator._default_stop_sequences.matcher() for _ in prompts]
     with mx.stream(generator.stream):  # the arrays of the model's thread
-        row.prompt_cache = [layer.merge([layer]) for layer in cache]
-        row._next_tokens = mx.array([token], dtype=next_tokens.dtype)
-        # Its first response is the first token again (a step answers with the tokens it
-        # fed), already had by the caller: nothing reads these logprobs.
-        row._next_logprobs = [mx.zeros((1,))]
-        running.extend(row)
-    return uid, True
+        rows.prompt_cache = merged
+        rows._next_tokens = mx.array(list(tokens), dtype=mx.uint32)
+        # Nothing reads the logprobs of a response that repeats the first token.
+        rows._next_logprobs = [mx.zeros((1,)) for _ in prompts]
+        running.extend(rows)
+    return uids

@@ -3,7 +3,7 @@ own prompt cache, sampler and chunks.
 
 One thread owns the model and runs mlx-lm's `BatchGenerator`; any number of threads call
 `BatchEngine.generate` and get the chunks `engine.generate` would give them. A request joins
-the batch at the next step and leaves it at the step it ends (its end, its length, a stop
+the batch at the next step (`engine.batch_joins`) and leaves it at the step it ends (its end, its length, a stop
 string, a cancel, or its caller closing the stream), and its cache goes back to the model's
 prompt cache, so a chat's next turn prefills only what is new. The next-turn prefill runs on the
 same thread while no request is active, and a request that arrives stops it.
@@ -22,8 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
@@ -38,7 +37,7 @@ from engine.batch_callers import (
     Replies,
     as_cancelled,
 )
-from engine.batch_entry import enter
+from engine.batch_joins import Joins, Live
 from engine.batch_messages import (
     Admission,
     Closing,
@@ -48,20 +47,16 @@ from engine.batch_messages import (
     Refused,
     Withdrawal,
 )
-from engine.errors import EngineError, ModelFormatError, RequestError
+from engine.errors import EngineError, RequestError
 from engine.generate import (
-    ONE_PASS_TOKENS_PER_LAYER,
     PREFILL_STEP,
     CancelToken,
     NeverCancelled,
-    first_token,
     not_numbers,
     prefill_next_turn,
     prepared,
 )
 from engine.loading import LoadedModel
-from engine.prefill import timed_feed
-from engine.sampling import request_sampler
 from engine.types import (
     ChatRequest,
     Chunk,
@@ -99,24 +94,6 @@ def batchable(loaded: LoadedModel) -> bool:
     return all(hasattr(cache, "merge") for cache in make_prompt_cache(loaded.model))
 
 
-@dataclass
-class _Live:
-    """A request in the batch: its id, its answer so far and where its chunks go; and, while
-    the batch prefills its prompt, how far that has gone of how many tokens."""
-
-    id: int
-    answer: Answer
-    caller: Caller
-    prefill_total: int = 0
-    prefill_done: int = 0
-    prefill_offset: int = 0  # fed before it joined the batch (whose progress starts after it)
-    repeats_first: bool = False  # its first response is its first token again (batch_entry)
-
-    @property
-    def prefilling(self) -> bool:
-        return self.prefill_done < self.prefill_total
-
-
 class _PrefillStop:
     """A next-turn prefill stops at its cancel, or when anything else reaches the thread."""
 
@@ -143,11 +120,12 @@ class BatchEngine:
         self._prefill_callers: dict[int, PrefillCaller] = {}
         # The model's thread's own state.
         self._waiting: deque[Admission] = deque()
-        self._live: dict[int, _Live] = {}  # by the batch's uid
+        self._live: dict[int, Live] = {}  # by the batch's uid
         self._prefills: deque[PrefillAsked] = deque()
         self._stream: Any = None  # the model's thread's own, made there
         self._batch: Any = None  # BatchGenerator, made when a request first needs it
         self.most_at_once = 0  # the most requests one step has decoded
+        self._joins = Joins(loaded, self._generator, self._live, self._reply)
         self._closed = threading.Event()  # set under the lock: nothing is sent after it
         _open.add(self)
         mlx_threads.start(self._run)
@@ -237,6 +215,7 @@ class BatchEngine:
     def _run(self) -> None:
         # MLX's streams belong to the thread that made them: this thread decodes on its own.
         self._stream = mx.new_stream(mx.default_device())
+        self._joins.stream = self._stream
         try:
             while self._serving():
                 pass
@@ -339,101 +318,15 @@ class BatchEngine:
 
     def _admit(self) -> int:
         """Start the waiting requests there is room for; how many started."""
-        # Several joining at once are prefilled by the batch together: one pass over the
-        # weights for all their prompts, where one at a time would take a pass each.
-        together = min(len(self._waiting), self.max_batch - len(self._live)) > 1
-        started = 0
-        while self._waiting and len(self._live) < self.max_batch:
+        admitted: list[tuple[Admission, Caller]] = []
+        while self._waiting and len(self._live) + len(admitted) < self.max_batch:
             admission = self._waiting.popleft()
             with self._lock:
                 caller = self._callers.get(admission.id)
             if caller is not None:  # (its cancel was looked at this round)
-                self._start(admission, caller, together)
-                started += 1
-        return started
-
-    def _start(self, admission: Admission, caller: Caller, together: bool = False) -> None:
-        try:
-            self._join(admission, caller, together)
-        except Exception as error:  # a fault of this request's first pass: it alone ends
-            log.exception("A request could not start")
-            message = f"Decoding failed: {type(error).__name__}: {error}"
-            answer = Answer(
-                self.loaded,
-                admission.request,
-                list(admission.prompt),
-                0,
-                admission.max_tokens,
-                admission.started,
-            )
-            answer.finish = "error"
-            self._reply(admission.id, caller, [ErrorChunk(message=message), *answer.done()])
-
-    def _join(self, admission: Admission, caller: Caller, together: bool = False) -> None:
-        """Take the request's cache and put it into the batch.
-
-        A short rest of the prompt goes through the model here, in the one pass that also gives
-        the first token, as `engine.generate` does: the batch would prefill it, then step its
-        last token, a second pass over every weight before the first token. A longer rest, one
-        that would take more than a step (engine.prefill), or one joining `together` with
-        others is prefilled by the batch, a step's share at a time: the others go on decoding,
-        its progress is reported after each step, and a cancel lands between them. Requests
-        joining together whose rest is one token (their prompt is cached, as when clients send
-        the same prompt) get their first tokens in one pass of the batch, not a pass each."""
-        prompt = list(admission.prompt)
-        request = admission.request
-        model = self.loaded.model
-        cache, rest = self.loaded.prompt_cache.take(model, prompt)
-        cached = len(prompt) - len(rest)
-        answer = Answer(
-            self.loaded, request, prompt, cached, admission.max_tokens, admission.started
-        )
-        answer.prefilling()
-        sampler = request_sampler(request)
-        one_pass_tokens = ONE_PASS_TOKENS_PER_LAYER * self.loaded.card.num_layers
-        pace = self.loaded.prefill_pace
-        total = len(rest)
-        probed = self._probe(rest, cache, caller) if pace.tokens_per_s is None else 0
-        batch_prefills = together and len(rest) > probed
-        if batch_prefills or len(rest) - probed > one_pass_tokens or pace.step(len(rest) - probed):
-            (uid,) = self._generator().insert(
-                [rest[probed:]],
-                max_tokens=[admission.max_tokens],
-                caches=[cache],
-                all_tokens=[prompt[: cached + probed]],
-                samplers=[sampler],
-            )
-            self._live[uid] = _Live(admission.id, answer, caller, total, probed, probed)
-            return
-        name = self.loaded.card.name
-        try:
-            first = first_token(
-                model, rest[probed:], cache, sampler, one_pass_tokens, name, self._stream, pace
-            )
-        except ModelFormatError as error:  # the weights are not numbers: raised in its caller
-            self._reply(admission.id, caller, [Refused(cause=error.cause, fix=error.fix)])
-            return
-        if probed:
-            caller.replies.put(PrefillProgress(done=total, total=total))
-        token = cast(int, first.item())
-        for chunk in answer.token(token):
-            caller.replies.put(chunk)
-        if answer.finish is not None:  # its end, a length of one or a stop string
-            self.loaded.prompt_cache.keep(prompt, cache)  # the first token was never fed
-            self._reply(admission.id, caller, answer.done())
-            return
-        uid, repeats = enter(self._generator(), token, prompt, cache, sampler, admission.max_tokens)
-        self._live[uid] = _Live(admission.id, answer, caller, repeats_first=repeats)
-
-    def _probe(self, rest: list[int], cache: list[Any], caller: Caller) -> int:
-        """The model's first prompt: a small first step measures its speed, which sizes the
-        rest (engine.prefill); the tokens it fed."""
-        size = self.loaded.prefill_pace.step(len(rest))
-        if not size or size >= len(rest):
-            return 0
-        timed_feed(self.loaded.model, rest[:size], cache, self.loaded.prefill_pace, self._stream)
-        caller.replies.put(PrefillProgress(done=size, total=len(rest)))
-        return size
+                admitted.append((admission, caller))
+        self._joins.start(admitted)
+        return len(admitted)
 
     def _step(self) -> None:
         batch = self._generator()

@@ -139,17 +139,21 @@ ONE_PASS_TOKENS_PER_LAYER = 32
 PREFILL_STEP = MAX_STEP  # tokens a step when a prefill is longer (mlx-lm's prefill step)
 
 
-def last_position_logits(model: Any, tokens: mx.array, cache: list[Any]) -> mx.array:
-    """The logits of the last of `tokens` only ([batch, vocabulary]).
+def last_position_logits(
+    model: Any, tokens: mx.array, cache: list[Any], positions: list[int] | None = None
+) -> mx.array:
+    """The logits of the last of `tokens` only ([batch, vocabulary]), or of each row's own
+    position in `positions` (rows of different lengths, padded on the right).
 
     mlx-lm's models apply their head to what their body (`model.model`) returns; for this call
     the body's output is cut to its last position, so the head, as wide as the vocabulary,
     runs once instead of once per token (150k entries in a real model's vocabulary)."""
     body = model.get("model") if isinstance(model, nn.Module) else None
     if not isinstance(body, nn.Module):
-        return model(tokens, cache=cache)[:, -1, :]
+        logits = cast(mx.array, model(tokens, cache=cache))
+        return logits[:, -1, :] if positions is None else _at(logits, positions)[:, -1, :]
     # An attribute of the instance shadows the child module (which stays among the parameters).
-    vars(model)["model"] = _LastPosition(body)
+    vars(model)["model"] = _LastPosition(body, positions)
     try:
         logits = model(tokens, cache=cache)
     finally:
@@ -161,15 +165,23 @@ class _LastPosition:
     """A model's body whose output is cut to its last position; the rest of it as it is (a head
     tied to the embeddings reads `model.embed_tokens`)."""
 
-    def __init__(self, body: nn.Module) -> None:
+    def __init__(self, body: nn.Module, positions: list[int] | None = None) -> None:
         self._body = body
+        self._positions = positions
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         hidden = self._body(*args, **kwargs)
-        return hidden[:, -1:, :] if isinstance(hidden, mx.array) and hidden.ndim == 3 else hidden
+        if not isinstance(hidden, mx.array) or hidden.ndim != 3:
+            return hidden
+        return hidden[:, -1:, :] if self._positions is None else _at(hidden, self._positions)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._body, name)
+
+
+def _at(hidden: mx.array, positions: list[int]) -> mx.array:
+    """Each row's vector at its own position ([batch, 1, width])."""
+    return hidden[mx.arange(len(positions)), mx.array(positions)][:, None, :]
 
 
 def first_token(

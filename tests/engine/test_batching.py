@@ -19,7 +19,7 @@ import pytest
 
 from engine.batching import BatchEngine, batchable
 from engine.errors import ModelFormatError, RequestError
-from engine.generate import generate
+from engine.generate import generate, prepared
 from engine.loading import LoadedModel, load_model_sync
 from engine.models.locations import bundled_demo_dir
 from engine.types import (
@@ -445,6 +445,49 @@ def test_a_request_joining_decoding_rows_takes_only_its_first_pass_alone(
     assert counted.passes[joined + 1] == (2, 1)  # its second token, in a step of both
 
 
+def test_requests_that_come_together_get_their_first_tokens_from_one_pass(
+    loaded: LoadedModel,
+) -> None:
+    """Requests that reach the model's thread together (sent while another one's first pass
+    runs), with prompts of different lengths and none cached: one pass over all their prompts,
+    padded to the longest, gives each its first token, and the next step decodes them with
+    the one before. Each gives the tokens it gives alone. One that ends with its first token
+    (a length of one) leaves at once, its prompt's cache kept."""
+    first = chat(QUESTIONS[0], max_tokens=8)
+    others = [
+        chat(QUESTIONS[1], max_tokens=12),
+        chat(QUESTIONS[3] + ", and why at night it is dark", max_tokens=10),
+        chat(QUESTIONS[2], max_tokens=1),
+    ]
+    expected = [alone(loaded, r) for r in (first, *others)]
+    loaded.prompt_cache.clear()
+    counted = CountedPasses(loaded.model)
+    engine = BatchEngine(dataclasses.replace(loaded, model=counted), max_batch=4)
+    got: list[queue.Queue[Chunk | Exception]] = [queue.Queue() for _ in expected]
+    try:
+        sent = threading.Event()
+
+        def first_delivers(chunk: Chunk | Exception) -> None:
+            if not sent.is_set():  # its first chunk: the others are sent now
+                sent.set()
+                for request, replies in zip(others, got[1:], strict=True):
+                    engine.submit(request, None, replies.put)
+            got[0].put(chunk)
+
+        engine.submit(first, None, first_delivers)
+        answers = [delivered(replies) for replies in got]
+    finally:
+        engine.close()
+    for mine, theirs in zip(answers, expected, strict=True):
+        assert done_of(mine).token_ids == done_of(theirs).token_ids
+        assert done_of(mine).usage == done_of(theirs).usage
+    lengths = [done_of(theirs).usage.prompt_tokens for theirs in expected]
+    assert len(set(lengths[1:])) == 3  # padded to the longest
+    assert counted.passes[:3] == [(1, lengths[0]), (3, max(lengths[1:])), (3, 1)]
+    ended, _ = prepared(loaded, others[2])  # its row's cache, taken out of the group's
+    assert loaded.prompt_cache.reusable(ended) == len(ended) - 1
+
+
 def test_every_architecture_batches_to_the_tokens_it_gives_alone(tiny_model: Path) -> None:
     model = load_model_sync(tiny_model)
     assert batchable(model)
@@ -471,6 +514,20 @@ def test_weights_that_are_not_numbers_are_said_to_the_caller(tiny_llama: Path) -
         for text in (QUESTIONS[0], "word " * 300):
             with pytest.raises(ModelFormatError, match="NaN or infinite logits"):
                 list(engine.generate(chat(text)))
+        # Requests that come together get their first tokens from one pass: each is checked.
+        got: list[queue.Queue[Chunk | Exception]] = [queue.Queue() for _ in range(3)]
+
+        def first_delivers(item: Chunk | Exception) -> None:
+            if isinstance(item, Exception):  # its refusal, on the model's thread: send two more
+                for text, replies in zip(QUESTIONS[1:3], got[1:], strict=True):
+                    engine.submit(chat(text), None, replies.put)
+            got[0].put(item)
+
+        engine.submit(chat(QUESTIONS[0]), None, first_delivers)
+        for replies in got:
+            refusal = replies.get(timeout=60)
+            assert isinstance(refusal, ModelFormatError), refusal
+            assert "NaN or infinite logits" in refusal.cause
     finally:
         engine.close()
 
