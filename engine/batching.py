@@ -3,10 +3,11 @@ own prompt cache, sampler and chunks.
 
 One thread owns the model and runs mlx-lm's `BatchGenerator`; any number of threads call
 `BatchEngine.generate` and get the chunks `engine.generate` would give them. A request joins
-the batch at the next step (`engine.batch_joins`) and leaves it at the step it ends (its end, its length, a stop
-string, a cancel, or its caller closing the stream), and its cache goes back to the model's
-prompt cache, so a chat's next turn prefills only what is new. The next-turn prefill runs on the
-same thread while no request is active, and a request that arrives stops it.
+the batch at the next step (`engine.batch_joins`) and leaves it at the step it ends (its end,
+its length, a stop string, a cancel, or its caller closing the stream), and its cache goes back
+to the model's prompt cache, so a chat's next turn prefills only what is new. The next-turn
+prefill runs on the same thread while no request is active, and a request that arrives stops
+it.
 """
 # pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
 # pyright: reportMissingTypeStubs=false
@@ -343,6 +344,7 @@ class BatchEngine:
             pace.record(stats.prompt_tokens, stats.prompt_time)
             self._report_prefill(prompted)
         self.most_at_once = max(self.most_at_once, len(responses))
+        ended: list[Any] = []  # the caches of the requests that ended, computed after the loop
         for response in responses:
             live = self._live.get(response.uid)
             if live is None:
@@ -358,9 +360,14 @@ class BatchEngine:
             if response.finish_reason is not None:  # the generator ended it (its end, its length)
                 if answer.finish is None:
                     answer.finish = "length" if response.finish_reason == "length" else "stop"
-                self._end(response.uid, response.prompt_cache, response.all_tokens)
+                self._end(response.uid, response.prompt_cache, response.all_tokens, ended)
             elif answer.finish is not None:  # a stop string
-                self._remove(response.uid)
+                self._remove(response.uid, ended)
+        # Every request's chunks went out before any cache is computed, which waits for the
+        # step the batch has already begun (mlx-lm dispatches the next before it reads this
+        # one's tokens).
+        if ended:
+            mx.eval(ended)
 
     def _report_prefill(self, prompted: list[Any]) -> None:
         """Tell each request whose prompt went a step further how far it has gone."""
@@ -385,23 +392,29 @@ class BatchEngine:
         self._reply(live.id, live.caller, [Refused(cause=error.cause, fix=error.fix)])
         return False
 
-    def _remove(self, uid: int) -> None:
-        """Take `uid` out of the batch; its cache goes back to the prompt cache."""
+    def _remove(self, uid: int, ended: list[Any] | None = None) -> None:
+        """Take `uid` out of the batch; its cache goes back to the prompt cache (see `_end`)."""
         caches = self._generator().remove([uid], return_prompt_caches=True)
         cache, tokens = caches[uid]
-        self._end(uid, cache, tokens)
+        self._end(uid, cache, tokens, ended)
 
-    def _end(self, uid: int, cache: list[Any], tokens: list[int]) -> None:
+    def _end(
+        self, uid: int, cache: list[Any], tokens: list[int], ended: list[Any] | None = None
+    ) -> None:
+        """End the request: its cache is kept for a next turn, its end sent, then its cache
+        computed, or added to `ended` for its caller to compute. Computed on this thread: a
+        lazy array built on this thread's stream cannot be computed on another (the next
+        engine's, or the one-at-a-time path's)."""
         live = self._live.pop(uid)
         if tokens:  # (none: it left before any of its prompt went through the model)
             self.loaded.prompt_cache.keep(list(tokens), cache)
-        # The end goes out before the cache is computed, which waits for the step the batch has
-        # already begun (mlx-lm dispatches the next before it reads this one's tokens).
         self._reply(live.id, live.caller, live.answer.done())
         if tokens:
-            # Computed here: a lazy array built on this thread's stream cannot be computed on
-            # another thread (the next engine's, or the one-at-a-time path's).
-            mx.eval([layer.state for layer in cache])
+            state = [layer.state for layer in cache]
+            if ended is None:
+                mx.eval(state)
+            else:
+                ended.append(state)
 
     def _reply(self, ident: int, caller: Caller, chunks: Sequence[Chunk | Refused]) -> None:
         for chunk in chunks:

@@ -488,6 +488,52 @@ def test_requests_that_come_together_get_their_first_tokens_from_one_pass(
     assert loaded.prompt_cache.reusable(ended) == len(ended) - 1
 
 
+class RecordedEvals:
+    """mlx.core as engine.batching sees it, each `eval` noted in `events` before it runs."""
+
+    def __init__(self, events: list[str]) -> None:
+        self._events = events
+
+    def eval(self, *arrays: Any) -> None:
+        self._events.append("eval")
+        mx.eval(*arrays)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(mx, name)
+
+
+def test_requests_that_end_at_one_step_all_get_their_ends_before_any_cache_is_computed(
+    loaded: LoadedModel, batch: BatchEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Computing a finished request's cache waits for the step the batch has already begun:
+    every request that ended at a step gets its end first."""
+    events: list[str] = []
+    monkeypatch.setattr("engine.batching.mx", RecordedEvals(events))
+    requests = [chat(q, max_tokens=6) for q in QUESTIONS]
+    got: list[queue.Queue[Chunk | Exception]] = [queue.Queue() for _ in requests]
+    sent = threading.Event()
+
+    def noted(index: int) -> Callable[[Chunk | Exception], None]:
+        def deliver(item: Chunk | Exception) -> None:
+            if index == 0 and not sent.is_set():  # the first one's first chunk: send the rest
+                sent.set()
+                for request, replies, other in zip(requests[1:], got[1:], range(1, 4)):
+                    batch.submit(request, None, noted(other))
+            if isinstance(item, DoneChunk):
+                events.append(f"done {index}")
+            got[index].put(item)
+
+        return deliver
+
+    batch.submit(requests[0], None, noted(0))
+    answers = [delivered(replies) for replies in got]
+    assert [len(done_of(a).token_ids) for a in answers] == [6, 6, 6, 6]
+    # The last three joined together and ended at one step: their ends, then one eval.
+    last = [e for e in events if e.startswith("done")][-3:]
+    at = events.index(last[0])
+    assert events[at : at + 4] == [*last, "eval"], events
+
+
 def test_every_architecture_batches_to_the_tokens_it_gives_alone(tiny_model: Path) -> None:
     model = load_model_sync(tiny_model)
     assert batchable(model)
