@@ -60,6 +60,25 @@ def delivered(replies: queue.Queue[Chunk | Exception]) -> list[Chunk]:
     return chunks
 
 
+def sent_from_first(
+    engine: BatchEngine, first: ChatRequest, others: list[ChatRequest]
+) -> list[queue.Queue[Chunk | Exception]]:
+    """Submit `first`, then `others` from its first chunk or its refusal (on the model's thread,
+    so they are there before its next step). What each one is handed, `first`'s first."""
+    got: list[queue.Queue[Chunk | Exception]] = [queue.Queue() for _ in range(1 + len(others))]
+    sent = threading.Event()
+
+    def first_delivers(item: Chunk | Exception) -> None:
+        if not sent.is_set():
+            sent.set()
+            for request, replies in zip(others, got[1:], strict=True):
+                engine.submit(request, None, replies.put)
+        got[0].put(item)
+
+    engine.submit(first, None, first_delivers)
+    return got
+
+
 def alone(loaded: LoadedModel, request: ChatRequest) -> list[Chunk]:
     """What engine.generate gives, from an empty prompt cache (which it leaves empty)."""
     loaded.prompt_cache.clear()
@@ -379,17 +398,7 @@ def test_requests_that_come_during_a_first_pass_start_with_it_in_one_step(
     others = [chat(QUESTIONS[1], max_tokens=12)] * 2
     expected = [alone(loaded, r) for r in (first, *others)]
     all_chunks(batch, [chat(QUESTIONS[1], max_tokens=40)])  # the others' prompt is cached
-    got: list[queue.Queue[Chunk | Exception]] = [queue.Queue() for _ in expected]
-    sent = threading.Event()
-
-    def first_delivers(chunk: Chunk | Exception) -> None:
-        if not sent.is_set():  # its first chunk: the others are sent now
-            sent.set()
-            for request, replies in zip(others, got[1:], strict=True):
-                batch.submit(request, None, replies.put)
-        got[0].put(chunk)
-
-    batch.submit(first, None, first_delivers)
+    got = sent_from_first(batch, first, others)
     for replies, theirs in zip(got, expected, strict=True):
         assert done_of(delivered(replies)).token_ids == done_of(theirs).token_ids
     assert batch.most_at_once == 3
@@ -463,19 +472,8 @@ def test_requests_that_come_together_get_their_first_tokens_from_one_pass(
     loaded.prompt_cache.clear()
     counted = CountedPasses(loaded.model)
     engine = BatchEngine(dataclasses.replace(loaded, model=counted), max_batch=4)
-    got: list[queue.Queue[Chunk | Exception]] = [queue.Queue() for _ in expected]
     try:
-        sent = threading.Event()
-
-        def first_delivers(chunk: Chunk | Exception) -> None:
-            if not sent.is_set():  # its first chunk: the others are sent now
-                sent.set()
-                for request, replies in zip(others, got[1:], strict=True):
-                    engine.submit(request, None, replies.put)
-            got[0].put(chunk)
-
-        engine.submit(first, None, first_delivers)
-        answers = [delivered(replies) for replies in got]
+        answers = [delivered(replies) for replies in sent_from_first(engine, first, others)]
     finally:
         engine.close()
     for mine, theirs in zip(answers, expected, strict=True):
@@ -561,15 +559,7 @@ def test_weights_that_are_not_numbers_are_said_to_the_caller(tiny_llama: Path) -
             with pytest.raises(ModelFormatError, match="NaN or infinite logits"):
                 list(engine.generate(chat(text)))
         # Requests that come together get their first tokens from one pass: each is checked.
-        got: list[queue.Queue[Chunk | Exception]] = [queue.Queue() for _ in range(3)]
-
-        def first_delivers(item: Chunk | Exception) -> None:
-            if isinstance(item, Exception):  # its refusal, on the model's thread: send two more
-                for text, replies in zip(QUESTIONS[1:3], got[1:], strict=True):
-                    engine.submit(chat(text), None, replies.put)
-            got[0].put(item)
-
-        engine.submit(chat(QUESTIONS[0]), None, first_delivers)
+        got = sent_from_first(engine, chat(QUESTIONS[0]), [chat(q) for q in QUESTIONS[1:3]])
         for replies in got:
             refusal = replies.get(timeout=60)
             assert isinstance(refusal, ModelFormatError), refusal
