@@ -30,6 +30,12 @@ log = logging.getLogger(__name__)
 Reply = Callable[[int, Caller, Sequence[Chunk | Refused]], None]
 
 
+def unstarted(loaded: LoadedModel, admission: Admission) -> Answer:
+    """The answer of a request that ends before anything was computed for it."""
+    request, prompt = admission.request, list(admission.prompt)
+    return Answer(loaded, request, prompt, 0, admission.max_tokens, admission.started)
+
+
 @dataclass
 class Live:
     """A request in the batch: its id, its answer so far and where its chunks go; and, while
@@ -101,14 +107,7 @@ class Joins:
         log.exception("A request could not start")
         message = f"Decoding failed: {type(error).__name__}: {error}"
         for admission, caller in admitted:
-            answer = Answer(
-                self.loaded,
-                admission.request,
-                list(admission.prompt),
-                0,
-                admission.max_tokens,
-                admission.started,
-            )
+            answer = unstarted(self.loaded, admission)
             answer.finish = "error"
             self._reply(admission.id, caller, [ErrorChunk(message=message), *answer.done()])
 

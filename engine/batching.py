@@ -30,7 +30,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine import mlx_threads
-from engine.answer import Answer, failure_chunks, is_harmony
+from engine.answer import failure_chunks, is_harmony
 from engine.batch_callers import (
     Caller,
     Deliver,
@@ -38,7 +38,7 @@ from engine.batch_callers import (
     Replies,
     as_cancelled,
 )
-from engine.batch_joins import Joins, Live
+from engine.batch_joins import Joins, Live, unstarted
 from engine.batch_messages import (
     Admission,
     Closing,
@@ -436,10 +436,7 @@ class BatchEngine:
 
     def _cancel_waiting(self, admission: Admission, caller: Caller) -> None:
         """End a request that never joined the batch: nothing was computed for it."""
-        prompt = list(admission.prompt)
-        answer = Answer(
-            self.loaded, admission.request, prompt, 0, admission.max_tokens, admission.started
-        )
+        answer = unstarted(self.loaded, admission)
         answer.cancel()
         self._reply(admission.id, caller, answer.done())
 
