@@ -37,11 +37,19 @@ from engine.models.locations import bundled_demo_dir
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.describe())
 
-# Each instruction set; "+amx" also runs bf16 x by 4-bit weights (from 3 rows of x) and bf16 by
-# bf16 (from 16 rows) on AMX tiles.
+# Each instruction set; "+amx" also runs bf16 x by 4-bit weights (a few rows of x: on the 8-bit
+# tiles where the CPU has AMX-INT8, else on the bf16 ones) and bf16 by bf16 (from 16 rows) on AMX
+# tiles; "+amx-bf16" runs every few rows of 4-bit products (from 3) on the bf16 tiles.
 ISAS = [
     name
-    for name in ("avx512bf16+amx", "avx512bf16", "avx512", "avx2", "portable")
+    for name in (
+        "avx512bf16+amx",
+        "avx512bf16+amx-bf16",
+        "avx512bf16",
+        "avx512",
+        "avx2",
+        "portable",
+    )
     if kernels.available()
 ]
 ROUNDING = {mx.float32: 0.0, mx.bfloat16: 2.0**-8, mx.float16: 2.0**-11}
@@ -62,7 +70,11 @@ def ext() -> Any:
 @pytest.fixture(params=ISAS)
 def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each instruction set the CPU runs, in turn; the best one again afterwards."""
-    best = ext().isa()
+    best, int8_tiles, bf16_tiles = (
+        ext().isa(),
+        ext().amx_int8_min_rows(),
+        ext().amx_small_min_rows(),
+    )
     name, _, tiles = request.param.partition("+")
     if not ext().isa_supported(name):
         pytest.skip(f"this CPU does not run {name}")
@@ -70,10 +82,15 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     if tiles and not ext().amx():
         ext().set_amx(True)
         pytest.skip("this CPU has no AMX tiles")
+    if tiles == "amx-bf16":
+        ext().set_amx_int8_min_rows(1 << 30)
+        ext().set_amx_small_min_rows(3)
     assert ext().use_isa(name)
     yield request.param
     ext().use_isa(best)
     ext().set_amx(True)
+    ext().set_amx_int8_min_rows(int8_tiles)
+    ext().set_amx_small_min_rows(bf16_tiles)
 
 
 def assert_close(
@@ -289,9 +306,10 @@ def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
     assert mx.array_equal(mx.isinf(got), mx.isinf(expected))
     finite = mx.isfinite(expected)
     assert float(mx.max(mx.abs(mx.where(finite, got - expected, 0.0)))) < 1e-4
-    # k = 256: one row of bf16 x takes 16-bit integers, several 8-bit ones.
+    # k = 256: one row of bf16 x takes 16-bit integers, several 8-bit ones (8 rows: on AMX's
+    # 8-bit tiles where the CPU has them).
     for bits, dtype, rows in [(8, mx.float32, 3), (4, mx.bfloat16, 1), (4, mx.bfloat16, 5),
-                              (4, mx.bfloat16, 40)]:  # fmt: skip
+                              (4, mx.bfloat16, 8), (4, mx.bfloat16, 40)]:  # fmt: skip
         for field in ("scales", "biases", "x"):
             w, scales, biases = mx.quantize(weights(33, 256, 3), group_size=64, bits=bits)
             scales, biases = scales.astype(dtype), biases.astype(dtype)

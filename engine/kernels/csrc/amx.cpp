@@ -54,14 +54,6 @@ namespace {
 constexpr long ARCH_REQ_XCOMP_PERM = 0x1023;
 constexpr long XFEATURE_XTILEDATA = 18;
 
-struct TileConfig {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} __attribute__((packed));
-
 // Eight tiles of 16 rows by 64 bytes: C at 0-3 (two weight tiles by two x tiles, fp32), the
 // weights' A at 4-5, x's B at 6-7.
 void configure() {
@@ -240,10 +232,7 @@ void amx_prepare_small_x(const uint16_t* x, int rows, int k, uint16_t* prepared)
   }
 }
 
-namespace {
-
-// A block's scales or biases as fp32, [row][group].
-void widen_rows(const void* values, int type, std::size_t first, std::size_t count, float* out) {
+void amx_widen_rows(const void* values, int type, std::size_t first, std::size_t count, float* out) {
   const uint16_t* h = static_cast<const uint16_t*>(values) + first;
   if (type == 0) {
     std::memcpy(out, static_cast<const float*>(values) + first, count * sizeof(float));
@@ -261,8 +250,6 @@ void widen_rows(const void* values, int type, std::size_t first, std::size_t cou
     for (; i < count; ++i) out[i] = f16_to_float(h[i]);
   }
 }
-
-}  // namespace
 
 namespace {
 
@@ -374,8 +361,8 @@ void amx_quantized_gemv(const uint16_t* prepared, const float* xsum_t, int rows,
   bias32.resize(static_cast<std::size_t>(16) * groups);
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(w);
   for (int n = n0; n < n1; n += 16) {
-    widen_rows(scales, scale_type, static_cast<std::size_t>(n) * groups, scale32.size(), scale32.data());
-    widen_rows(biases, scale_type, static_cast<std::size_t>(n) * groups, bias32.size(), bias32.data());
+    amx_widen_rows(scales, scale_type, static_cast<std::size_t>(n) * groups, scale32.size(), scale32.data());
+    amx_widen_rows(biases, scale_type, static_cast<std::size_t>(n) * groups, bias32.size(), bias32.data());
     const uint8_t* block = bytes + static_cast<std::size_t>(n) * row_bytes;
     const auto args = std::make_tuple(unpack, prepared, xsum_t, rows, k, block, scale32.data(),
                                       bias32.data(), n, out, ldo);

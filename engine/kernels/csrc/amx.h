@@ -47,4 +47,34 @@ void amx_quantized_gemv(const uint16_t* prepared, const float* xsum_t, int rows,
                         const uint32_t* w, const void* scales, const void* biases, int scale_type,
                         int group_size, int n0, int n1, float* out, int ldo);
 
+// The tiles' configuration (palette 1), as _tile_loadconfig reads it.
+struct TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} __attribute__((packed));
+
+// Weight rows' scales or biases (fp32, bf16 or fp16: type 0, 1, 2) from index `first` as fp32.
+void amx_widen_rows(const void* values, int type, std::size_t first, std::size_t count,
+                    float* out);
+
+// The same few rows of x on the 8-bit tiles (amx_int8.cpp), where the CPU has AMX-INT8: x
+// rounded to 8-bit integers per 64 values (as the 8-bit GEMV rounds it), group sizes 64 and 128,
+// k a multiple of 256.
+bool amx_int8_available();
+// x for amx_int8_gemv: per 64 values of k, `rows` rows of 64 bytes (an A tile), each 8 values in
+// the order 0, 2, 4, 6, 1, 3, 5, 7 (amx_int8_x_bytes(k, rows) bytes); `steps` and `sums` ([k /
+// 64][16], rows past `rows` zero) each block's step for each row of x (NaN where a value is not
+// finite) and its integers' sum times that step.
+std::size_t amx_int8_x_bytes(int k, int rows);
+void amx_int8_prepare_x(const uint16_t* x, int rows, int k, int8_t* prepared, float* steps,
+                        float* sums);
+// out[m, n] = sum over groups of scale * (q . x) + bias * (sum of x), for n in [n0, n1),
+// multiples of 16.
+void amx_int8_gemv(const int8_t* prepared, const float* steps, const float* sums, int rows,
+                   int k, const uint32_t* w, const void* scales, const void* biases,
+                   int scale_type, int group_size, int n0, int n1, float* out, int ldo);
+
 }  // namespace exo_kernels

@@ -58,7 +58,13 @@ NB_MODULE(_kernels, m) {
         "Whether bf16 products of many rows run on AMX tiles");
   m.def("set_amx", [](bool on) { exo_kernels::amx_enabled = on; }, "on"_a);
   m.def("set_amx_min_rows", [](int rows) { exo_kernels::amx_min_rows = rows; }, "rows"_a);
+  m.def("amx_small_min_rows", [] { return exo_kernels::amx_small_min_rows; });
   m.def("set_amx_small_min_rows", [](int rows) { exo_kernels::amx_small_min_rows = rows; },
+        "rows"_a);
+  m.def("amx_int8", [] { return exo_kernels::amx_enabled && exo_kernels::amx_int8_available(); },
+        "Whether a few rows of bf16 x by 4-bit weights run on AMX's 8-bit tiles");
+  m.def("amx_int8_min_rows", [] { return exo_kernels::amx_int8_min_rows; });
+  m.def("set_amx_int8_min_rows", [](int rows) { exo_kernels::amx_int8_min_rows = rows; },
         "rows"_a);
   m.def("int8_min_rows", [] { return exo_kernels::int8_min_rows; });
   m.def("set_int8_min_rows", [](int rows) { exo_kernels::int8_min_rows = rows; }, "rows"_a);

@@ -18,8 +18,9 @@ namespace exo_kernels {
 
 int gemv_max_rows = 96;
 int amx_min_rows = 16;
-int amx_small_min_rows = 3;
+int amx_small_min_rows = 14;
 int int8_min_rows = 2;
+int amx_int8_min_rows = 7;
 
 namespace {
 
@@ -34,7 +35,7 @@ struct Scratch {
   std::vector<uint16_t> tiles_x;
   std::vector<int16_t> int_x;
   std::vector<int8_t> int8_x;
-  std::vector<float> xsum_t, int_x_scales;
+  std::vector<float> xsum_t, int_x_scales, tile_steps, tile_sums;
 };
 Scratch& scratch() {
   thread_local Scratch buffers;
@@ -229,11 +230,17 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   // x than amx_min_rows run faster as GEMVs).
   const bool amx = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && amx_enabled &&
                    n >= 32 && amx_available();
-  // A few rows (several requests decoding at once): one tile of x against every weight row.
-  const bool small_tiles = amx && rows >= amx_small_min_rows && rows <= AMX_SMALL_MAX_ROWS &&
+  // A few rows (several requests decoding at once): one tile of x against every weight row,
+  // on the 8-bit tiles where the CPU has them (x as 8-bit integers, as the 8-bit GEMV takes it
+  // from int8_min_rows), else on the bf16 ones.
+  const bool few = amx && rows <= AMX_SMALL_MAX_ROWS;
+  const bool int8_tiles = few && rows >= amx_int8_min_rows && rows >= int8_min_rows &&
+                          group_size % 64 == 0 && k % 256 == 0 && amx_int8_available();
+  const bool small_tiles = few && !int8_tiles && rows >= amx_small_min_rows &&
                            group_size >= 32 && group_size % 32 == 0;
-  const bool tiles = amx && !small_tiles && group_size % 64 == 0 && rows >= amx_min_rows;
-  const int tiled = tiles || small_tiles ? n - n % 32 : 0;
+  const bool tiles =
+      amx && !small_tiles && !int8_tiles && group_size % 64 == 0 && rows >= amx_min_rows;
+  const int tiled = tiles || small_tiles || int8_tiles ? n - n % 32 : 0;
   // Only the rows the tiles leave need x in the GEMV's order. The dot products in hardware
   // take any number of rows: at 512 rows they ran faster than OpenBLAS on dequantized tiles.
   const bool nibble_dot = takes_nibble_dot(isa, x_type, bits, scale_type, k, group_size);
@@ -243,7 +250,22 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   QuantizedArgs args{px.prepared, px.sums, rows, k, n, w, scales, biases, scale_type, group_size,
                      bits, out32, n, px.xq, px.xq_scales, px.xq8};
-  if (small_tiles) {
+  if (int8_tiles) {
+    s.int8_x.resize(std::max(s.int8_x.size(), amx_int8_x_bytes(k, rows)));
+    const std::size_t per_block = static_cast<std::size_t>(k / 64) * 16;
+    float* steps = sized(s.tile_steps, per_block);
+    float* sums = sized(s.tile_sums, per_block);
+    amx_int8_prepare_x(static_cast<const uint16_t*>(x_in), rows, k, s.int8_x.data(), steps, sums);
+    const int blocks = tiled / 32;
+    const int parts = std::max(1, std::min(thread_count(), blocks));
+    parallel_for(parts, [&](int part) {
+      const auto [b0, b1] = share(blocks, parts, part, 1);
+      if (b0 < b1)
+        amx_int8_gemv(s.int8_x.data(), steps, sums, rows, k, w, scales, biases,
+                      static_cast<int>(scale_type), group_size, b0 * 32, b1 * 32, out32, n);
+    });
+    if (tiled < n) isa.quantized_gemv(args, tiled, n);
+  } else if (small_tiles) {
     s.tiles_x.resize(std::max(s.tiles_x.size(), amx_small_x_size(k, rows)));
     amx_prepare_small_x(static_cast<const uint16_t*>(x_in), rows, k, s.tiles_x.data());
     float* xsum_t = sized(s.xsum_t, static_cast<std::size_t>(groups) * AMX_SMALL_MAX_ROWS);

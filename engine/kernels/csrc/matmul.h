@@ -21,8 +21,11 @@ void run_dense_matmul(const void* x, Scalar x_type, int rows, int k, const void*
 extern int gemv_max_rows;
 // From this many rows of x, bf16 by bf16 runs on AMX tiles where the CPU has them.
 extern int amx_min_rows;
-// From this many rows of x (up to AMX_SMALL_MAX_ROWS), 4-bit products run on AMX tiles too.
+// From this many rows of x (up to AMX_SMALL_MAX_ROWS), 4-bit products run on AMX's bf16 tiles
+// too; fewer rows run faster as 8-bit GEMVs (bench/kernel_rows.py).
 extern int amx_small_min_rows;
+// The same on the 8-bit tiles, where the CPU has them (group sizes 64 and 128).
+extern int amx_int8_min_rows;
 // From this many rows of x, bf16 by 4-bit dot products in hardware take x as 8-bit integers
 // (twice the products an instruction) rather than 16-bit ones.
 extern int int8_min_rows;
