@@ -211,6 +211,8 @@ def main() -> None:
     tokens = 0
     for _ in range(args.one_rounds):
         tokens = one_round_against_headless(args, name, ratios, rates)
+    if not args.one_rounds:  # the streams alone
+        return
     median = statistics.median
     print(f"one stream, request to last token ({tokens} tokens; {args.one_rounds} rounds, each "
           f"with a new server and a new headless chat process, every API stream between two "

@@ -112,13 +112,16 @@ async def test_content_shrinking_under_a_view_scrolled_up_does_not_make_it_follo
 class LongAnswer:
     """The loaded model's stand-in at the backend: a long answer, a word every few
     milliseconds as a model gives them, of the kind the test sets (reasoning, then text);
-    chunks put in `next` go out first (a tool call, the end)."""
+    chunks put in `next` go out first (a tool call, the end). While `flowing` is clear it
+    gives no words, as a model between tokens: the screen settles."""
 
     def __init__(self, backend: Any) -> None:
         self._backend = backend
         self.next: queue.Queue[Chunk] = queue.Queue()
         self.reasoning = threading.Event()
         self.reasoning.set()
+        self.flowing = threading.Event()
+        self.flowing.set()
         self.words = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -133,6 +136,8 @@ class LongAnswer:
                 chunk = self.next.get_nowait()
             except queue.Empty:
                 time.sleep(0.02)
+                if not self.flowing.is_set():
+                    continue
                 self.words += 1
                 text = f"word{self.words} " + ("\n\n" if self.words % 12 == 0 else "")
                 yield ReasoningChunk(text=text) if self.reasoning.is_set() else TextChunk(text=text)
@@ -177,10 +182,15 @@ async def test_the_app_holds_a_chat_scrolled_up_through_a_long_tool_answer(
         await wait_until(pilot, grown(), 60)  # the round after the tool's result streams
         assert pane.scroll_y == held
 
+        # Back at the end, the view follows the words again. It is looked at between words:
+        # while they stream, a busy screen lays out new lines before it scrolls to them.
         pane.focus()
         await pilot.press("end")
+        model.flowing.clear()
         await wait_until(pilot, lambda: pane.scroll_y == pane.max_scroll_y, 60)
+        model.flowing.set()
         await wait_until(pilot, grown(), 60)
+        model.flowing.clear()
         await wait_until(pilot, lambda: pane.scroll_y == pane.max_scroll_y, 60)
         model.next.put(done())
         await wait_until(pilot, lambda: not app.conversation.generating, 60)
