@@ -4,6 +4,7 @@ back to the end; then it follows again (issue 19, bug 8)."""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -194,3 +195,34 @@ async def test_the_app_holds_a_chat_scrolled_up_through_a_long_tool_answer(
         await wait_until(pilot, lambda: pane.scroll_y == pane.max_scroll_y, 60)
         model.next.put(done())
         await wait_until(pilot, lambda: not app.conversation.generating, 60)
+
+
+async def test_end_follows_lines_laid_out_right_after_it_without_going_back_up() -> None:
+    """End jumps to the end and anchors the view: lines laid out right after it are followed at
+    once. (An animated End's frames went on toward the end it started for, over the anchor's
+    scroll to those lines: the view jumped down, went back up, and could rest short of the
+    end, as it did in the long tool answer's test.)"""
+    async with ChatApp().run_test(size=SIZE) as pilot:
+        pane, answer = await start(pilot)
+        await answer.feed(TextChunk(text=lines(0, 60)))
+        await wait_until(pilot, lambda: pane.max_scroll_y > 40)
+        pane.focus()
+        await pilot.press("home")
+        await wait_until(pilot, lambda: pane.scroll_y == 0)
+        before = pane.max_scroll_y
+        views: list[float] = []
+
+        async def more_lines_while_watching() -> None:
+            for tick in range(24):
+                await asyncio.sleep(0.05)
+                if tick == 5:
+                    await answer.feed(TextChunk(text=lines(60, 30)))
+                views.append(pane.scroll_y)
+
+        watching = asyncio.create_task(more_lines_while_watching())
+        await pilot.press("end")
+        await watching
+        await wait_until(pilot, lambda: pane.max_scroll_y >= before + 20)
+        await wait_until(pilot, lambda: pane.scroll_y == pane.max_scroll_y)
+        assert views == sorted(views), views
+        assert pane.following

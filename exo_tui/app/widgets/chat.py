@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 from markdown_it import MarkdownIt
+from textual.actions import SkipAction
 from textual.app import ComposeResult, RenderResult
 from textual.await_complete import AwaitComplete
 from textual.await_remove import AwaitRemove
@@ -438,6 +439,14 @@ class ChatPane(SizedByTheLayout, VerticalScroll):
         # check before each append cannot do: streamed Markdown lands later, in a task.
         # Scrolling away releases the anchor; scrolling back to the end restores it.
         self.anchor()
+
+    def action_scroll_end(self) -> None:
+        # A jump, not Textual's one-second animation: the animation's frames go on toward the
+        # end it started for, over the anchor's scroll to lines laid out meanwhile, so the view
+        # went back up and could rest short of the end once an answer stopped.
+        if not self.allow_vertical_scroll:
+            raise SkipAction()
+        self.scroll_end(animate=False)
 
     def _scroll_update(self, virtual_size: Size) -> None:
         # Content that shrank under a view scrolled up (a part folded, a line taken away)
