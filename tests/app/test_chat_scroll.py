@@ -183,8 +183,8 @@ async def test_the_app_holds_a_chat_scrolled_up_through_a_long_tool_answer(
         await wait_until(pilot, grown(), 60)  # the round after the tool's result streams
         assert pane.scroll_y == held
 
-        # Back at the end, the view follows the words again. It is looked at between words:
-        # while they stream, a busy screen lays out new lines before it scrolls to them.
+        # Back at the end, the view follows the words again. It is looked at between words,
+        # where nothing is left to lay out: the check does not race the next word's layout.
         pane.focus()
         await pilot.press("end")
         model.flowing.clear()
