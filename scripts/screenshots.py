@@ -7,6 +7,7 @@ here, with fixed node stats.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -37,6 +38,10 @@ def main() -> None:
 
     OUT.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
+        # A home of its own, as the snapshot tests have: the user's saved chats and settings
+        # would show in the pictures.
+        os.environ["EXO_TUI_HOME"] = str(Path(tmp) / "home")
+        os.environ["HF_HUB_CACHE"] = str(Path(tmp) / "hf-cache")
         models = Path(tmp) / "models"
         build_tiny_model(models / "tiny-llama", "llama")
         for name in SCENES:
