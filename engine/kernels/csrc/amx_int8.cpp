@@ -1,6 +1,6 @@
 // A few rows of bf16 x (several requests decoding at once) by 4-bit weights on AMX's 8-bit
 // tiles (TDPBSUD). x is rounded to 8-bit integers per 64 values, as the 8-bit GEMV rounds it
-// (isa_impl.h's prepare_int8_x), and is the A tile: a row of x a tile row. The weights' nibbles,
+// (int8_quantize.h, shared with it), and is the A tile: a row of x a tile row. The weights' nibbles,
 // unsigned bytes as they are, are the B tile: 16 weight rows by 64 values, each tile row 4
 // values of every weight row. One product then gives every row of x against 16 weight rows, and
 // its sums come out a row of x at a time, 16 weight rows across: scaling them costs a few
@@ -25,6 +25,10 @@ std::size_t amx_int8_x_bytes(int k, int rows) {
 
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__)
 
+namespace {
+#include "int8_quantize.h"
+}  // namespace
+
 bool amx_int8_available() {
   static const bool available = [] {
     unsigned a, b, c, d;
@@ -39,48 +43,25 @@ void amx_int8_prepare_x(const uint16_t* x, int rows, int k, int8_t* prepared, fl
   const int blocks = k / 64;
   std::fill(steps, steps + static_cast<std::size_t>(blocks) * 16, 0.0f);
   std::fill(sums, sums + static_cast<std::size_t>(blocks) * 16, 0.0f);
-  const __m512 largest = _mm512_set1_ps(std::numeric_limits<float>::max());
-  const __m512i high_half = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   // Dword 2d of a prepared row: the even values 8d..8d+6, dword 2d + 1 the odd ones.
   const __m512i interleave = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                               16, 0);
   for (int m = 0; m < rows; ++m)
     for (int b = 0; b < blocks; ++b) {
-      const uint16_t* at = x + static_cast<std::size_t>(m) * k + 64 * b;
-      // The even values of the block's two halves, then the odd ones.
-      __m512 part[4];
-      __m512 top = _mm512_setzero_ps();
-      __mmask16 bad = 0;
-      for (int i = 0; i < 2; ++i) {
-        const __m512i pairs = _mm512_loadu_si512(at + 32 * i);
-        part[i] = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-        part[2 + i] = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half));
-      }
-      for (const __m512& p : part) {
-        const __m512 magnitude = _mm512_abs_ps(p);
-        bad |= _mm512_cmp_ps_mask(magnitude, largest, _CMP_NLE_UQ);
-        top = _mm512_max_ps(top, magnitude);
-      }
-      const float most = _mm512_reduce_max_ps(top);
-      // Under 1e-34, 127 / most could overflow: such a block counts as 0, as in prepare_int8_x.
-      const bool usable = bad == 0 && most >= 1e-34f;
-      const float step = bad != 0 ? std::numeric_limits<float>::quiet_NaN()
-                         : usable  ? most / 127.0f
-                                   : 0.0f;
-      const __m512 inverse = _mm512_set1_ps(usable ? 127.0f / most : 0.0f);
+      const Int8Block q = quantize_64(x + static_cast<std::size_t>(m) * k + 64 * b);
+      const __m512i integers[4] = {q.even[0], q.even[1], q.odd[0], q.odd[1]};
       __m128i bytes[4];
       __m512i total = _mm512_setzero_si512();
       for (int i = 0; i < 4; ++i) {
-        const __m512i integers = _mm512_cvtps_epi32(_mm512_mul_ps(part[i], inverse));
-        total = _mm512_add_epi32(total, integers);
-        bytes[i] = _mm512_cvtsepi32_epi8(integers);
+        total = _mm512_add_epi32(total, integers[i]);
+        bytes[i] = _mm512_cvtsepi32_epi8(integers[i]);
       }
       const __m512i even = _mm512_castsi256_si512(_mm256_set_m128i(bytes[1], bytes[0]));
       const __m512i odd = _mm512_castsi256_si512(_mm256_set_m128i(bytes[3], bytes[2]));
       _mm512_storeu_si512(prepared + (static_cast<std::size_t>(b) * rows + m) * 64,
                           _mm512_permutex2var_epi32(even, interleave, odd));
-      steps[b * 16 + m] = step;
-      sums[b * 16 + m] = static_cast<float>(_mm512_reduce_add_epi32(total)) * step;
+      steps[b * 16 + m] = q.step;
+      sums[b * 16 + m] = static_cast<float>(_mm512_reduce_add_epi32(total)) * q.step;
     }
 }
 
