@@ -244,8 +244,12 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   // Only the rows the tiles leave need x in the GEMV's order. The dot products in hardware
   // take any number of rows: at 512 rows they ran faster than OpenBLAS on dequantized tiles.
   const bool nibble_dot = takes_nibble_dot(isa, x_type, bits, scale_type, k, group_size);
+  // The 8-bit tiles round x themselves: x in fp32 and its sums serve only weight rows past them.
   const GemvX px =
-      prepare_x(isa, s, x_in, x_type, rows, k, group_size, bits, nibble_dot, tiled < n, tiled > 0);
+      int8_tiles && tiled == n
+          ? GemvX{}
+          : prepare_x(isa, s, x_in, x_type, rows, k, group_size, bits, nibble_dot, tiled < n,
+                      tiled > 0);
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   QuantizedArgs args{px.prepared, px.sums, rows, k, n, w, scales, biases, scale_type, group_size,
