@@ -54,7 +54,12 @@ def main() -> None:
         weights.append(quantized)
 
     def settings(path: str) -> None:
+        """The kernels' routing for `path`; "as routed" is their own."""
         ext.set_amx(path != "8-bit GEMV")
+        if path == "as routed":
+            ext.set_amx_small_min_rows(defaults[0])
+            ext.set_amx_int8_min_rows(defaults[1])
+            return
         ext.set_amx_small_min_rows(1 if path == "AMX bf16 tiles" else 1 << 30)
         ext.set_amx_int8_min_rows(1 if path == "AMX 8-bit tiles" else 1 << 30)
 
@@ -85,20 +90,13 @@ def main() -> None:
         best: dict[str, float] = {}
         for _ in range(args.turns):
             for path in [*paths, "as routed"]:
-                if path == "as routed":
-                    ext.set_amx(True)
-                    ext.set_amx_small_min_rows(defaults[0])
-                    ext.set_amx_int8_min_rows(defaults[1])
-                else:
-                    settings(path)
+                settings(path)
                 step()  # warm: the path's buffers
                 fastest = min(step() for _ in range(args.rounds))
                 best[path] = min(best.get(path, fastest), fastest)
         cells = " | ".join(f"{1e3 * best[p]:.1f}" for p in [*paths, "as routed"])
         print(f"| {rows} | {cells} |", flush=True)
-    ext.set_amx(True)
-    ext.set_amx_small_min_rows(defaults[0])
-    ext.set_amx_int8_min_rows(defaults[1])
+    settings("as routed")
 
 
 if __name__ == "__main__":
