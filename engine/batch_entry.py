@@ -24,7 +24,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch
-from mlx_lm.models.cache import TokenBuffer
+from mlx_lm.models.cache import BatchKVCache, TokenBuffer
 
 from engine.generate import last_position_logits
 from engine.kernels import routing
@@ -48,6 +48,8 @@ def first_tokens(
     padding = [max(lengths) - length for length in lengths]
     with mx.stream(stream):
         merged = [layers[0].merge(list(layers)) for layers in zip(*caches, strict=True)]
+        for layer in merged:
+            make_room(layer, max(lengths))
         if any(padding):
             for layer in merged:
                 layer.prepare(lengths=lengths, right_padding=padding)
@@ -110,9 +112,71 @@ def enter_rows(
     rows._num_tokens = [0] * count
     rows._matchers = [generator._default_stop_sequences.matcher() for _ in prompts]
     with mx.stream(generator.stream):  # the arrays of the model's thread
-        rows.prompt_cache = merged
+        if running.prompt_cache:
+            join_caches(running.prompt_cache, merged)  # (so `extend` keeps running's, joined)
+        else:
+            rows.prompt_cache = merged
         rows._next_tokens = mx.array(list(tokens), dtype=mx.uint32)
         # Nothing reads the logprobs of a response that repeats the first token.
         rows._next_logprobs = [mx.zeros((1,)) for _ in prompts]
         running.extend(rows)
     return uids
+
+
+# A batch cache's keys and values have room past the tokens they hold (mlx-lm grows them 256
+# positions at a time). mlx-lm's growth copies the whole cache into a new one, zeros included,
+# and its `extend` pads each side to the other's room, then copies both again into one: work on
+# the positions nobody has written, on every layer, each time requests join (bench/batch_join.py).
+# These two write each cache once: what it holds, then its room as one fill.
+
+
+def make_room(cache: Any, tokens: int) -> None:
+    """Give a batch cache room for `tokens` more as its own growth would, in one pass."""
+    if not isinstance(cache, BatchKVCache):
+        return
+    keys: Any = cache.keys
+    values: Any = cache.values
+    held = cache._idx
+    if keys is None or held + tokens <= keys.shape[2]:
+        return  # (an empty one allocates without copying)
+    room = (tokens + cache.step - 1) // cache.step * cache.step
+    widths = [(0, 0), (0, 0), (0, room), (0, 0)]
+    cache.keys = mx.pad(keys[..., :held, :], widths)
+    cache.values = mx.pad(values[..., :held, :], widths)
+
+
+def join_caches(running: list[Any], joining: list[Any]) -> None:
+    """Each layer of `joining` (new rows) appended to the same layer of `running`, in place, as
+    mlx-lm's `extend` does: the rows right-aligned at the longer one's end, the room the larger
+    of the two."""
+    for ours, theirs in zip(running, joining, strict=True):
+        if _plain(ours) and _plain(theirs):
+            _join(ours, theirs)
+        else:
+            ours.extend(theirs)
+
+
+def _plain(cache: Any) -> bool:
+    return type(cache) is BatchKVCache and cache.keys is not None and cache._right_padding is None
+
+
+def _join(ours: Any, theirs: Any) -> None:
+    end = max(ours._idx, theirs._idx)
+    room = max(ours.keys.shape[2], theirs.keys.shape[2]) - end
+
+    def held(cache: Any, array: mx.array) -> mx.array:
+        part = array[..., : cache._idx, :]
+        shift = end - cache._idx
+        return mx.pad(part, [(0, 0), (0, 0), (shift, 0), (0, 0)]) if shift else part
+
+    widths = [(0, 0), (0, 0), (0, room), (0, 0)]
+    for name in ("keys", "values"):
+        rows = mx.concatenate(
+            [held(ours, getattr(ours, name)), held(theirs, getattr(theirs, name))]
+        )
+        setattr(ours, name, mx.pad(rows, widths) if room else rows)
+    ours.left_padding = mx.concatenate(
+        [ours.left_padding + (end - ours._idx), theirs.left_padding + (end - theirs._idx)]
+    )
+    ours.offset = mx.concatenate([ours.offset, theirs.offset])
+    ours._idx = end
