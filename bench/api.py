@@ -28,9 +28,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+FLOOR_ROUNDS = 210  # answers of each kind against the canned server; the first 10 warm up
 PROMPT = "hello, who are you and what can you do?"  # the demo answers it in text, at length
 
 
@@ -115,6 +117,95 @@ async def raw_stream(client: object, url: str, name: str, max_tokens: int) -> fl
     return tokens / (time.perf_counter() - started)
 
 
+async def recorded_answer(client: object, url: str, name: str, max_tokens: int) -> list[bytes]:
+    """One streamed answer's body, as the pieces it came in."""
+    import httpx
+
+    assert isinstance(client, httpx.AsyncClient)
+    body = {
+        "model": name,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        return [piece async for piece in response.aiter_raw()]
+
+
+def canned_child(recording: str) -> None:
+    """A server on exo-tui's own stack (Starlette on uvicorn, its loop and settings, its
+    streamed response) that answers every chat completion at once with the recorded pieces:
+    no model, no validation, no template. What is left of a request's time is the stack's and
+    the client's."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from exo_tui.api.server import ApiServer
+    from exo_tui.api.streaming import Streamed
+
+    pieces = [piece.encode("latin-1") for piece in json.loads(Path(recording).read_text())]
+
+    async def body() -> AsyncGenerator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    async def answer(request: Request) -> Response:
+        await request.body()
+        return Streamed(body(), "text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", answer, methods=["POST"])])
+    server = ApiServer(app, "127.0.0.1", 0, log_to_stderr=False)
+    server.start()
+    print(server.url, flush=True)
+    sys.stdin.read()  # until the bench closes it (the server's thread ends with the process)
+
+
+def client_floor(pieces: list[bytes], name: str, max_tokens: int) -> tuple[float, float]:
+    """Seconds per answer, (the openai client, plain SSE lines), against `canned_child`
+    replaying `pieces`: the least any server on this stack could add to an answer."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as recording:
+        json.dump([piece.decode("latin-1") for piece in pieces], recording)
+        recording.flush()
+        child = subprocess.Popen(
+            [sys.executable, __file__, "--canned-child", recording.name],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
+            env=child_env(),
+        )  # fmt: skip
+        assert child.stdin is not None and child.stdout is not None
+        url = child.stdout.readline().strip()
+        try:
+            return asyncio.run(_floor(url, name, max_tokens))
+        finally:
+            child.stdin.close()
+            child.wait(timeout=60)
+
+
+async def _floor(url: str, name: str, max_tokens: int) -> tuple[float, float]:
+    import httpx
+    from openai import AsyncOpenAI
+
+    api = AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
+    raw = httpx.AsyncClient(timeout=600)
+    times: dict[str, list[float]] = {"api": [], "raw": []}
+    for _ in range(FLOOR_ROUNDS):
+        for kind in times:
+            started = time.perf_counter()
+            if kind == "api":
+                await round_of(api, name, 1, max_tokens)
+            else:
+                await raw_stream(raw, url, name, max_tokens)
+            times[kind].append(time.perf_counter() - started)
+    await api.close()
+    await raw.aclose()
+    return statistics.median(times["api"][10:]), statistics.median(times["raw"][10:])
+
+
 def headless_backend(model: str) -> object:
     from engine.loading import load_model, run_loading
     from engine.models.finding import resolve_model
@@ -191,10 +282,14 @@ def main() -> None:
         help="rounds of one stream against the headless chat (each 4 streams, a new server)",
     )
     parser.add_argument("--headless-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--canned-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     if args.headless_child:
         headless_child(args.model, args.max_tokens)
+        return
+    if args.canned_child:
+        canned_child(args.canned_child)
         return
     counts = [int(n) for n in args.streams.split(",")]
 
@@ -209,8 +304,9 @@ def main() -> None:
     ratios: dict[str, list[float]] = {"api": [], "raw": []}
     rates: dict[str, list[float]] = {"api": [], "raw": [], "chat": []}
     tokens = 0
+    pieces: list[bytes] = []
     for _ in range(args.one_rounds):
-        tokens = one_round_against_headless(args, name, ratios, rates)
+        tokens = one_round_against_headless(args, name, ratios, rates, pieces)
     if not args.one_rounds:  # the streams alone
         return
     median = statistics.median
@@ -222,6 +318,14 @@ def main() -> None:
           f"quartiles {quartiles(ratios['api'])}), read as plain SSE lines "
           f"{median(rates['raw']):.1f} ({median(ratios['raw']):.2f}x; "
           f"quartiles {quartiles(ratios['raw'])})")  # fmt: skip
+    answer_s = tokens / median(rates["chat"])
+    api_s, raw_s = client_floor(pieces, name, args.max_tokens)
+    print(f"the floor: against a server on the same stack (Starlette on uvicorn) that answers at "
+          f"once with a recorded answer ({len(pieces)} pieces), one answer takes "
+          f"{api_s * 1000:.2f} ms with the openai client and {raw_s * 1000:.2f} ms read as "
+          f"plain SSE lines: the most any server on it could reach against the headless "
+          f"chat's {answer_s * 1000:.1f} ms answer is {answer_s / (answer_s + api_s):.3f}x and "
+          f"{answer_s / (answer_s + raw_s):.3f}x")  # fmt: skip
 
 
 def quartiles(values: list[float]) -> str:
@@ -265,6 +369,7 @@ def one_round_against_headless(
     name: str,
     ratios: dict[str, list[float]],
     rates: dict[str, list[float]],
+    pieces: list[bytes],
 ) -> int:
     """One stream through a new server against the headless chat in a new process: each API
     stream between two headless answers, its ratio to their mean. Both sides run in processes
@@ -275,7 +380,7 @@ def one_round_against_headless(
     process, url = start_server(args.model, 1)
     chat = HeadlessChat(args.model, args.max_tokens)
     try:
-        return asyncio.run(_one_round(url, name, args.max_tokens, chat, ratios, rates))
+        return asyncio.run(_one_round(url, name, args.max_tokens, chat, ratios, rates, pieces))
     finally:
         chat.close()
         stop(process)
@@ -288,7 +393,9 @@ async def _one_round(
     chat: HeadlessChat,
     ratios: dict[str, list[float]],
     rates: dict[str, list[float]],
+    pieces: list[bytes],
 ) -> int:
+    """(`pieces`: filled with one answer's body as it came, the first time.)"""
     import httpx
     from openai import AsyncOpenAI
 
@@ -296,6 +403,8 @@ async def _one_round(
     raw = httpx.AsyncClient(timeout=600)
     await round_of(api, name, 1, max_tokens)  # warm-up
     await raw_stream(raw, url, name, max_tokens)
+    if not pieces:
+        pieces.extend(await recorded_answer(raw, url, name, max_tokens))
     before, tokens = chat.answer()
     for kind in ("api", "raw", "api", "raw"):
         if kind == "api":

@@ -81,6 +81,8 @@ def enter(
     `enter_rows`); its uid."""
     with mx.stream(generator.stream):
         merged = [layer.merge([layer]) for layer in cache]
+        for layer in merged:
+            make_room(layer, 1)  # for the token the batch's next step feeds
     (uid,) = enter_rows(generator, [token], [prompt], merged, [sampler], [max_tokens])
     return uid
 

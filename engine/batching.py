@@ -69,7 +69,10 @@ from engine.types import (
 log = logging.getLogger(__name__)
 
 
-DEFAULT_BATCH = 8  # requests decoded together; more wait for a slot
+DEFAULT_BATCH = 16  # requests decoded together; more wait for a slot (serve --max-batch)
+# Long prompts the batch prefills together, at most (mlx_lm.server's --prompt-concurrency): a
+# step's activations grow with each.
+PREFILL_BATCH = 8
 
 
 # Engines not closed yet. An interpreter that exits while a model's thread decodes aborts, so
@@ -311,7 +314,7 @@ class BatchEngine:
                 self.loaded.model,
                 stop_tokens=[[token] for token in tokenizer.eos_token_ids],
                 completion_batch_size=self.max_batch,
-                prefill_batch_size=self.max_batch,
+                prefill_batch_size=min(self.max_batch, PREFILL_BATCH),
                 prefill_step_size=PREFILL_STEP,
                 stream=self._stream,
             )

@@ -7,7 +7,7 @@ import argparse
 import ipaddress
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -37,11 +37,16 @@ def _address(text: str) -> str:
         ) from None
 
 
-def _at_least_one(text: str) -> int:
-    wanted = "a number of processes: use a whole number of 1 or more"
-    count = int(_number(text, int, wanted))
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"{count} is not {wanted}")
+def _count_of(things: str) -> Callable[[str], int]:
+    """A parser of how many `things`, 1 or more."""
+    wanted = f"a number of {things}: use a whole number of 1 or more"
+
+    def count(text: str) -> int:
+        value = int(_number(text, int, wanted))
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{value} is not {wanted}")
+        return value
+
     return count
 
 
@@ -143,10 +148,18 @@ def _add_serve(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     serve.add_argument(
         "--max-queue",
-        type=_at_least_one,
+        type=_count_of("requests"),
         default=16,
         metavar="N",
         help="requests that may wait for the model; more get 429 (default 16)",
+    )
+    serve.add_argument(
+        "--max-batch",
+        type=_count_of("requests"),
+        default=None,
+        metavar="N",
+        help="requests this machine's model decodes together; more wait in the queue "
+        "(default 16; each holds its own KV cache)",
     )
     serve.add_argument(
         "--cluster",
@@ -226,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument(
         "--ranks",
-        type=_at_least_one,
+        type=_count_of("processes"),
         default=1,
         metavar="N",
         help="run the model on N local processes joined in an MLX ring (default 1: in-process)",

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 
 def run_serve(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> int:
     require_key_off_loopback(args.host, args.api_key)
+    if cluster is not None and args.max_batch is not None:
+        raise EngineError(
+            "--max-batch sets how many requests this machine's model decodes together, and a "
+            "model placed across the cluster answers one request at a time",
+            "Leave out --max-batch, or serve with --no-cluster",
+        )
     # The model's thread needs the GIL for a moment every step, between computations that run
     # without it; at Python's default it waits out the server's threads (as the TUI's does).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -53,6 +59,7 @@ def run_serve(args: argparse.Namespace, cluster: ClusterSetup | None = None) -> 
 
 
 def _serve_here(args: argparse.Namespace, path: str, out: TextOutput) -> int:
+    from engine.batching import DEFAULT_BATCH
     from engine.loading import load_model, run_loading
     from exo_tui.chat.backend import LocalBackend
 
@@ -66,7 +73,7 @@ def _serve_here(args: argparse.Namespace, path: str, out: TextOutput) -> int:
             kernels=loaded.kernels,
         )
     )
-    backend = LocalBackend(loaded)
+    backend = LocalBackend(loaded, args.max_batch or DEFAULT_BATCH)
     server = start_server(backend, args)
     try:
         threading.Event().wait()  # until Ctrl+C

@@ -3,6 +3,7 @@ cluster with a real `exo-tui node` peer, the same greedy tokens as on one machin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -81,6 +82,51 @@ def test_serve_refuses_an_open_address_without_a_key() -> None:
     )
     assert result.returncode == 2
     assert "not a loopback address" in result.stderr and "--api-key" in result.stderr
+
+
+def test_max_batch_sets_how_many_answer_at_once_and_the_rest_queue(
+    serving: list[ServeProcess], tmp_path: Path
+) -> None:
+    served = ServeProcess("--max-batch", "1", env={"EXO_TUI_HOME": str(tmp_path / "home")})
+    serving.append(served)
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 2000, "temperature": 0, "stream": True}  # fmt: skip
+    url = f"{served.url}/v1/chat/completions"
+    with (
+        httpx.Client(timeout=120) as first_client,
+        httpx.Client(timeout=120) as second_client,
+        first_client.stream("POST", url, json=body) as first,
+    ):
+        assert "queue_position" not in next(first.iter_lines())  # it answers at once
+        with second_client.stream("POST", url, json=body) as second:
+            head = json.loads(next(second.iter_lines()).removeprefix("data: "))
+            assert head["queue_position"] == 1  # one at a time: it waits its turn
+    code, err = served.interrupt()
+    assert code == 0, err
+
+
+def test_max_batch_is_refused_with_the_cluster_and_below_one() -> None:
+    for options, said in (
+        (("--cluster", "--max-batch", "4", "--no-mdns", "--discover", "0"), "--no-cluster"),
+        (("--max-batch", "0"), "0 is not a number of requests: use a whole number of 1 or more"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "exo_tui.cli", "serve", "--port", "0", *options],
+            capture_output=True, text=True, cwd=ROOT, timeout=120,
+            env={**os.environ, **OFFLINE},
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert said in result.stderr
+
+
+def test_the_help_gives_the_engines_default_batch() -> None:
+    from engine.batching import DEFAULT_BATCH
+
+    result = subprocess.run(
+        [sys.executable, "-m", "exo_tui.cli", "serve", "--help"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env={**os.environ, "COLUMNS": "400"},
+    )  # fmt: skip
+    assert f"(default {DEFAULT_BATCH}; each holds its own KV cache)" in result.stdout
 
 
 def test_serve_on_the_cluster_gives_the_tokens_of_one_machine(

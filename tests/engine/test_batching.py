@@ -17,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from engine.batching import BatchEngine, batchable
+from engine.batching import PREFILL_BATCH, BatchEngine, batchable
 from engine.errors import ModelFormatError, RequestError
 from engine.generate import generate, prepared
 from engine.loading import LoadedModel, load_model_sync
@@ -152,6 +152,24 @@ def test_concurrent_greedy_streams_give_each_ones_tokens_alone(
         assert done_of(mine).finish_reason == "length"
         assert done_of(mine).usage == done_of(theirs).usage
     assert batch.most_at_once >= 2  # they were decoded together, not one after another
+
+
+def test_the_default_batch_decodes_more_than_the_prompts_it_prefills_together(
+    loaded: LoadedModel,
+) -> None:
+    loaded.prompt_cache.clear()
+    engine = BatchEngine(loaded)
+    try:
+        requests = [chat(f"{q} {n}", max_tokens=12) for n in range(3) for q in QUESTIONS]
+        expected = [alone(loaded, r) for r in requests]
+        # The others come during the first one's first pass: all 12 are there for its next step.
+        got = [delivered(r) for r in sent_from_first(engine, requests[0], requests[1:])]
+        assert [done_of(c).token_ids for c in got] == [done_of(c).token_ids for c in expected]
+        assert engine.most_at_once == 12  # every row in one step
+        assert engine._generator().prefill_batch_size == PREFILL_BATCH  # long prompts: 8
+    finally:
+        engine.close()
+        loaded.prompt_cache.clear()
 
 
 def test_a_cancel_mid_stream_frees_its_slot_and_the_others_finish_unchanged(
