@@ -129,8 +129,9 @@ async def test_launch_across_two_nodes_streams_a_chat_and_a_lost_node_lets_you_p
         assert app.screen.query_one(SelectionList).option_count == 1
         await pilot.press("enter")
         await pilot.press("ctrl+l")
+        # The model answers (its backend set first), and its node says so a message later.
         await wait_until(pilot, lambda: app.conversation.backend is not None, timeout=30)
-        assert app.state.instance_status == "ready"
+        await wait_until(pilot, lambda: app.state.instance_status == "ready", timeout=10)
 
 
 async def test_a_request_error_on_the_cluster_is_shown_in_the_chat(

@@ -48,6 +48,19 @@ async def scroll_up(pilot: Pilot[None], pane: ChatPane, how: str) -> None:
     await pilot.wait_for_scheduled_animations()
 
 
+async def at_the_end(pilot: Pilot[None], pane: ChatPane) -> None:
+    """Wait for the view to rest at the end; if it does not, say where it rests and why."""
+    try:
+        await wait_until(pilot, lambda: pane.scroll_y == pane.max_scroll_y, 60)
+    except AssertionError:
+        raise AssertionError(
+            f"the view rests at {pane.scroll_y} of {pane.max_scroll_y} (target "
+            f"{pane.scroll_target_y}; anchored {pane.is_anchored}, released "
+            f"{pane._anchor_released}; virtual {pane.virtual_size}, container "  # pyright: ignore[reportPrivateUsage]
+            f"{pane.container_size})"
+        ) from None
+
+
 @pytest.mark.parametrize("how", ["pageup", "wheel", "up", "home"])
 async def test_a_reasoning_folding_below_a_view_scrolled_up_leaves_it_where_it_is(
     how: str,
@@ -188,11 +201,11 @@ async def test_the_app_holds_a_chat_scrolled_up_through_a_long_tool_answer(
         pane.focus()
         await pilot.press("end")
         model.flowing.clear()
-        await wait_until(pilot, lambda: pane.scroll_y == pane.max_scroll_y, 60)
+        await at_the_end(pilot, pane)
         model.flowing.set()
         await wait_until(pilot, grown(), 60)
         model.flowing.clear()
-        await wait_until(pilot, lambda: pane.scroll_y == pane.max_scroll_y, 60)
+        await at_the_end(pilot, pane)
         model.next.put(done())
         await wait_until(pilot, lambda: not app.conversation.generating, 60)
 

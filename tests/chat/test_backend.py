@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.answer import failure_chunks
+from engine.batching import DEFAULT_BATCH
 from engine.errors import EngineError
 from engine.generate import CancelToken, generate, next_turn_prefix
 from engine.loading import load_model_sync
@@ -153,7 +154,7 @@ def test_a_local_model_answers_concurrent_requests_together(tiny_llama: Path) ->
         expected.append([c for c in generate(loaded, request)][-1])
         loaded.prompt_cache.clear()
     backend = LocalBackend(loaded)
-    assert backend.concurrency == 8
+    assert backend.concurrency == DEFAULT_BATCH
     got: list[Chunk | None] = [None] * len(requests)
 
     def answer(index: int) -> None:
