@@ -152,7 +152,7 @@ def join_caches(running: list[Any], joining: list[Any]) -> None:
     mlx-lm's `extend` does: the rows right-aligned at the longer one's end, the room the larger
     of the two."""
     for ours, theirs in zip(running, joining, strict=True):
-        if _plain(ours) and _plain(theirs):
+        if _plain(ours) and _plain(theirs) and _mostly_room(ours, theirs):
             _join(ours, theirs)
         else:
             ours.extend(theirs)
@@ -160,6 +160,15 @@ def join_caches(running: list[Any], joining: list[Any]) -> None:
 
 def _plain(cache: Any) -> bool:
     return type(cache) is BatchKVCache and cache.keys is not None and cache._right_padding is None
+
+
+def _mostly_room(ours: Any, theirs: Any) -> bool:
+    """Is most of the joined cache room? `_join` copies what the caches hold twice (MLX's pad
+    copies again after the concatenation), so it wins only where mlx-lm's copies of the room
+    cost more than that: a few hundred positions held, not a long chat's thousand
+    (bench/batch_join.py, and the README)."""
+    end = max(ours._idx, theirs._idx)
+    return max(ours.keys.shape[2], theirs.keys.shape[2]) - end > end
 
 
 def _join(ours: Any, theirs: Any) -> None:

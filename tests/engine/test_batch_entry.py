@@ -79,6 +79,18 @@ def test_an_empty_layer_joins_through_mlx_lms_own_extend() -> None:
     assert ours.offset.tolist() == expected.offset.tolist()
 
 
+def test_a_cache_that_is_mostly_held_joins_through_mlx_lms_own_extend() -> None:
+    """Where the caches are mostly what they hold (a long chat), copying what they hold twice
+    costs more than mlx-lm's copies of the room: its `extend` joins them, stale values past
+    the end and all."""
+    ours, theirs = filled([0], 310, 10, seed=10), filled([0, 1], 300, seed=11)
+    expected = copy.deepcopy(ours)
+    expected.extend(copy.deepcopy(theirs))
+    join_caches([ours], [theirs])
+    assert ours.keys is not None and expected.keys is not None
+    assert ours.keys.tolist() == expected.keys.tolist()
+
+
 def test_room_made_ahead_holds_what_growing_would() -> None:
     grown, made = filled([0, 2], 18, seed=7), filled([0, 2], 18, seed=7)
     # Fed to the end of its room, as a merged cache is: the next tokens need more.
