@@ -85,22 +85,31 @@ def test_serve_refuses_an_open_address_without_a_key() -> None:
 
 
 def test_max_batch_sets_how_many_answer_at_once_and_the_rest_queue(
-    serving: list[ServeProcess], tmp_path: Path
+    serving: list[ServeProcess], tiny_llama: Path, tmp_path: Path
 ) -> None:
-    served = ServeProcess("--max-batch", "1", env={"EXO_TUI_HOME": str(tmp_path / "home")})
+    models = tmp_path / "models"
+    shutil.copytree(tiny_llama, models / "tiny-llama")
+    served = ServeProcess(
+        "--model", "tiny-llama", "--models-dir", str(models), "--max-batch", "1",
+        env={"EXO_TUI_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
     serving.append(served)
-    body = {"model": "demo", "messages": [{"role": "user", "content": "hello"}],
-            "max_tokens": 2000, "temperature": 0, "stream": True}  # fmt: skip
+    # The tiny model's greedy answer never ends early: the first answer is still decoding when
+    # the second request comes.
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 1500, "temperature": 0, "stream": True}  # fmt: skip
     url = f"{served.url}/v1/chat/completions"
     with (
         httpx.Client(timeout=120) as first_client,
         httpx.Client(timeout=120) as second_client,
         first_client.stream("POST", url, json=body) as first,
     ):
-        assert "queue_position" not in next(first.iter_lines())  # it answers at once
+        lines = first.iter_lines()
+        assert "queue_position" not in next(lines)  # it answers at once
         with second_client.stream("POST", url, json=body) as second:
             head = json.loads(next(second.iter_lines()).removeprefix("data: "))
             assert head["queue_position"] == 1  # one at a time: it waits its turn
+        assert any('"finish_reason":"length"' in line for line in lines)  # it ran to the end
     code, err = served.interrupt()
     assert code == 0, err
 
