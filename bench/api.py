@@ -95,12 +95,9 @@ async def round_of(api: object, name: str, streams: int, max_tokens: int) -> dic
     }
 
 
-async def raw_stream(client: object, url: str, name: str, max_tokens: int) -> float:
-    """One stream read as SSE lines with httpx, no client parsing: tok/s, request to last."""
-    import httpx
-
-    assert isinstance(client, httpx.AsyncClient)
-    body = {
+def stream_body(name: str, max_tokens: int) -> dict[str, object]:
+    """The bench's streamed chat request, as JSON."""
+    return {
         "model": name,
         "messages": [{"role": "user", "content": PROMPT}],
         "temperature": 0,
@@ -108,6 +105,14 @@ async def raw_stream(client: object, url: str, name: str, max_tokens: int) -> fl
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+async def raw_stream(client: object, url: str, name: str, max_tokens: int) -> float:
+    """One stream read as SSE lines with httpx, no client parsing: tok/s, request to last."""
+    import httpx
+
+    assert isinstance(client, httpx.AsyncClient)
+    body = stream_body(name, max_tokens)
     started = time.perf_counter()
     tokens = 0
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
@@ -122,14 +127,7 @@ async def recorded_answer(client: object, url: str, name: str, max_tokens: int) 
     import httpx
 
     assert isinstance(client, httpx.AsyncClient)
-    body = {
-        "model": name,
-        "messages": [{"role": "user", "content": PROMPT}],
-        "temperature": 0,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = stream_body(name, max_tokens)
     async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
         return [piece async for piece in response.aiter_raw()]
 

@@ -152,8 +152,16 @@ def join_caches(running: list[Any], joining: list[Any]) -> None:
     mlx-lm's `extend` does: the rows right-aligned at the longer one's end, the room the larger
     of the two."""
     for ours, theirs in zip(running, joining, strict=True):
-        if _plain(ours) and _plain(theirs) and _mostly_room(ours, theirs):
-            _join(ours, theirs)
+        if not (_plain(ours) and _plain(theirs)):
+            ours.extend(theirs)
+            continue
+        end = max(ours._idx, theirs._idx)
+        room = max(ours.keys.shape[2], theirs.keys.shape[2]) - end
+        # `_join` copies what the caches hold twice (MLX's pad copies again after the
+        # concatenation), so it wins only where most of the joined cache is room: a few hundred
+        # positions held, not a long chat's thousand (bench/batch_join.py, and the README).
+        if room > end:
+            _join(ours, theirs, end, room)
         else:
             ours.extend(theirs)
 
@@ -162,19 +170,7 @@ def _plain(cache: Any) -> bool:
     return type(cache) is BatchKVCache and cache.keys is not None and cache._right_padding is None
 
 
-def _mostly_room(ours: Any, theirs: Any) -> bool:
-    """Is most of the joined cache room? `_join` copies what the caches hold twice (MLX's pad
-    copies again after the concatenation), so it wins only where mlx-lm's copies of the room
-    cost more than that: a few hundred positions held, not a long chat's thousand
-    (bench/batch_join.py, and the README)."""
-    end = max(ours._idx, theirs._idx)
-    return max(ours.keys.shape[2], theirs.keys.shape[2]) - end > end
-
-
-def _join(ours: Any, theirs: Any) -> None:
-    end = max(ours._idx, theirs._idx)
-    room = max(ours.keys.shape[2], theirs.keys.shape[2]) - end
-
+def _join(ours: Any, theirs: Any, end: int, room: int) -> None:
     def held(cache: Any, array: mx.array) -> mx.array:
         part = array[..., : cache._idx, :]
         shift = end - cache._idx
@@ -185,7 +181,7 @@ def _join(ours: Any, theirs: Any) -> None:
         rows = mx.concatenate(
             [held(ours, getattr(ours, name)), held(theirs, getattr(theirs, name))]
         )
-        setattr(ours, name, mx.pad(rows, widths) if room else rows)
+        setattr(ours, name, mx.pad(rows, widths))  # (room > end >= 0 here)
     ours.left_padding = mx.concatenate(
         [ours.left_padding + (end - ours._idx), theirs.left_padding + (end - theirs._idx)]
     )
