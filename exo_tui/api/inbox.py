@@ -4,7 +4,6 @@ wake-up of the loop per batch however many came (a slow reader costs the writer 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from typing import Generic, TypeVar
 
@@ -12,21 +11,23 @@ T = TypeVar("T")
 
 
 class Inbox(Generic[T]):
-    """Made on the loop's thread; `put` from any thread, `take` on the loop."""
+    """Made on the loop's thread; `put` from any thread, `take` and `hold` on the loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._items: deque[T] = deque()
-        self._waking = False  # a wake-up is on its way to the loop
+        # A wake-up is on its way to the loop, or none is wanted (a hold takes what comes).
+        self._waking = False
         self._ready = asyncio.Event()
-        self._last = asyncio.Event()  # the last item is in
+        self._ended = False  # the last item is in
+        self._held: asyncio.Future[None] | None = None  # the hold under way
 
     def put(self, item: T, last: bool = False) -> bool:
         """False once the loop has closed (nobody will take it). `last`: nothing follows."""
         self._items.append(item)
         if last:
             try:
-                self._loop.call_soon_threadsafe(self._last.set)
+                self._loop.call_soon_threadsafe(self._end)
             except RuntimeError:
                 return False
         if self._waking:
@@ -39,10 +40,19 @@ class Inbox(Generic[T]):
         return True
 
     async def hold(self, seconds: float) -> None:
-        """Let items gather for up to `seconds`; back at once when the last is in."""
-        if seconds > 0 and not self._last.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._last.wait(), seconds)
+        """Let items gather for up to `seconds`; back at once when the last is in. One timer,
+        and what is put meanwhile does not wake the loop: on two cores each wake-up of the
+        loop's thread takes the GIL from the model's (bench/api.py)."""
+        if seconds <= 0 or self._ended:
+            return
+        self._waking = True
+        held = self._held = self._loop.create_future()
+        timer = self._loop.call_later(seconds, _resolve, held)
+        try:
+            await held
+        finally:
+            timer.cancel()
+            self._held = None
 
     def take_ready(self) -> list[T]:
         """Everything put so far, in order (perhaps nothing); never waits."""
@@ -74,3 +84,13 @@ class Inbox(Generic[T]):
         finally:
             if timer is not None:
                 timer.cancel()
+
+    def _end(self) -> None:
+        self._ended = True
+        if self._held is not None:
+            _resolve(self._held)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
