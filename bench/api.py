@@ -7,7 +7,9 @@ ratio of the aggregate to one stream's. Then, in rounds that each start a new se
 process answering through `LocalBackend.generate` (what `exo-tui chat` runs), runs one API
 stream (with the openai client, or read as plain SSE lines) between two headless answers, and
 prints each stream's rate over the mean of its two neighbours', the median of those. Greedy
-decoding: both paths produce the same tokens.
+decoding: both paths produce the same tokens. The same rounds, in turns, run against the least
+a server could be with the model in its process (`bare_child`), and against a server with no
+model that replays a recorded answer (`canned_child`): how much of the gap is any server's.
 
     .venv/bin/python bench/api.py [--model PATH] [--streams 1,2,4,8,16] [--max-tokens 64]
         [--repeats 5] [--one-rounds 8]
@@ -27,9 +29,11 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOOR_ROUNDS = 210  # answers of each kind against the canned server; the first 10 warm up
@@ -42,10 +46,23 @@ def child_env() -> dict[str, str]:
 
 
 def start_server(model: str, streams: int) -> tuple[subprocess.Popen[str], str]:
-    process = subprocess.Popen(
+    return serving(
         [sys.executable, "-m", "exo_tui.cli", "serve", "--model", model, "--port", "0",
-         "--max-queue", str(max(16, streams))],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+         "--max-queue", str(max(16, streams))]
+    )  # fmt: skip
+
+
+def start_bare(model: str, max_tokens: int) -> tuple[subprocess.Popen[str], str]:
+    return serving(
+        [sys.executable, __file__, "--model", model, "--max-tokens", str(max_tokens),
+         "--bare-child"]
+    )  # fmt: skip
+
+
+def serving(command: list[str]) -> tuple[subprocess.Popen[str], str]:
+    """A server process started, and its URL (from its "on http://... " line)."""
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
         env=child_env(),
     )  # fmt: skip
     assert process.stdout is not None
@@ -53,7 +70,7 @@ def start_server(model: str, streams: int) -> tuple[subprocess.Popen[str], str]:
         found = re.search(r"on (http://[^ ]+) ", line)
         if found:
             return process, found.group(1)
-    raise SystemExit(f"exo-tui serve did not start (exit {process.wait()})")
+    raise SystemExit(f"{' '.join(command[1:3])} did not start (exit {process.wait()})")
 
 
 async def one_stream(api: object, name: str, max_tokens: int) -> tuple[float, float, int]:
@@ -238,6 +255,71 @@ def headless_child(model: str, max_tokens: int) -> None:
         print(rate, tokens, flush=True)
 
 
+def bare_child(model: str, max_tokens: int) -> None:
+    """The least a server can do with the model in its process: exo-tui's uvicorn settings
+    and a bare ASGI app (no Starlette, no validation, no queue, no types for the chunks) that
+    answers any request with the bench's prompt. Its response starts at once; the tokens go
+    out as pre-shaped SSE events, at most every STREAM_EVERY_S as exo-tui's streams do."""
+    from engine.types import ChatRequest, DoneChunk, Message, TextChunk
+    from exo_tui.api.inbox import Inbox
+    from exo_tui.api.scheduler import STREAM_EVERY_S
+    from exo_tui.api.server import ApiServer
+    from exo_tui.chat.backend import LocalBackend
+
+    backend = headless_backend(model)
+    assert isinstance(backend, LocalBackend)
+    request = ChatRequest(
+        messages=(Message(role="user", content=PROMPT),), max_tokens=max_tokens, temperature=0
+    )
+    head = '{"id":"chatcmpl-bare","object":"chat.completion.chunk","created":0,"model":"m",'
+
+    def event(choices: str, rest: str = "") -> bytes:
+        return f'data: {head}"choices":[{choices}]{rest}}}\n\n'.encode()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        loop = asyncio.get_running_loop()
+        inbox: Inbox[Any] = Inbox(loop)
+
+        def deliver(chunk: object) -> None:
+            inbox.put(chunk, last=isinstance(chunk, DoneChunk))
+
+        backend.answer(request, threading.Event(), deliver)
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        out = event('{"index":0,"delta":{"role":"assistant","content":""}}')
+        sent = 0.0
+        while True:
+            chunks = await inbox.take()
+            if sent:
+                await inbox.hold(sent + STREAM_EVERY_S - loop.time())
+                chunks += inbox.take_ready()
+            sent = loop.time()
+            for chunk in chunks:
+                if isinstance(chunk, TextChunk):
+                    out += event(f'{{"index":0,"delta":{{"content":{json.dumps(chunk.text)}}}}}')
+                elif isinstance(chunk, DoneChunk):
+                    asked, said = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+                    out += event('{"index":0,"delta":{},"finish_reason":"stop"}')
+                    out += event("", f',"usage":{{"prompt_tokens":{asked},"completion_tokens":'
+                                     f'{said},"total_tokens":{asked + said}}}')  # fmt: skip
+                    out += b"data: [DONE]\n\n"
+                    await send({"type": "http.response.body", "body": out, "more_body": False})
+                    return
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            out = b""
+
+    server = ApiServer(app, "127.0.0.1", 0, log_to_stderr=False)  # type: ignore[arg-type]
+    server.start()
+    print(f"on {server.url} ", flush=True)
+    try:
+        signal.pause()  # until the bench's SIGINT (`stop`)
+    except KeyboardInterrupt:
+        server.stop()
+
+
 class HeadlessChat:
     """A `headless_child` process, answering when asked."""
 
@@ -281,6 +363,7 @@ def main() -> None:
     )
     parser.add_argument("--headless-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--canned-child", help=argparse.SUPPRESS)
+    parser.add_argument("--bare-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     if args.headless_child:
@@ -288,6 +371,9 @@ def main() -> None:
         return
     if args.canned_child:
         canned_child(args.canned_child)
+        return
+    if args.bare_child:
+        bare_child(args.model, args.max_tokens)
         return
     counts = [int(n) for n in args.streams.split(",")]
 
@@ -299,23 +385,41 @@ def main() -> None:
         asyncio.run(measure_streams(url, name, args, counts))
     finally:
         stop(process)
-    ratios: dict[str, list[float]] = {"api": [], "raw": []}
-    rates: dict[str, list[float]] = {"api": [], "raw": [], "chat": []}
+    # exo-tui's server, and the least a server could be (`bare_child`), in turns.
+    servers: dict[str, Callable[[], tuple[subprocess.Popen[str], str]]] = {
+        "exo-tui": lambda: start_server(args.model, 1),
+        "bare": lambda: start_bare(args.model, args.max_tokens),
+    }
+    ratios = {server: {"api": list[float](), "raw": list[float]()} for server in servers}
+    rates = {server: {"api": list[float](), "raw": list[float](), "chat": list[float]()}
+             for server in servers}  # fmt: skip
     tokens = 0
     pieces: list[bytes] = []
     for _ in range(args.one_rounds):
-        tokens = one_round_against_headless(args, name, ratios, rates, pieces)
+        for server, start in servers.items():
+            tokens = one_round_against_headless(
+                args, name, ratios[server], rates[server], pieces, start
+            )
     if not args.one_rounds:  # the streams alone
         return
     median = statistics.median
+    mine, bare = ratios["exo-tui"], ratios["bare"]
     print(f"one stream, request to last token ({tokens} tokens; {args.one_rounds} rounds, each "
           f"with a new server and a new headless chat process, every API stream between two "
-          f"headless chats): headless chat {median(rates['chat']):.1f} tok/s; "
-          f"API with the openai client {median(rates['api']):.1f} "
-          f"({median(ratios['api']):.2f}x its neighbours, median of {len(ratios['api'])}; "
-          f"quartiles {quartiles(ratios['api'])}), read as plain SSE lines "
-          f"{median(rates['raw']):.1f} ({median(ratios['raw']):.2f}x; "
-          f"quartiles {quartiles(ratios['raw'])})")  # fmt: skip
+          f"headless chats): headless chat {median(rates['exo-tui']['chat']):.1f} tok/s; "
+          f"API with the openai client {median(rates['exo-tui']['api']):.1f} "
+          f"({median(mine['api']):.2f}x its neighbours, median of {len(mine['api'])}; "
+          f"quartiles {quartiles(mine['api'])}), read as plain SSE lines "
+          f"{median(rates['exo-tui']['raw']):.1f} ({median(mine['raw']):.2f}x; "
+          f"quartiles {quartiles(mine['raw'])})")  # fmt: skip
+    print(f"the least a server could do, the model in its process (a bare ASGI app on the same "
+          f"uvicorn, its chunks pre-shaped, measured the same way in turns): "
+          f"{median(bare['api']):.2f}x with the openai client (quartiles "
+          f"{quartiles(bare['api'])}) and {median(bare['raw']):.2f}x as plain SSE lines "
+          f"(quartiles {quartiles(bare['raw'])}); exo-tui reaches "
+          f"{median(mine['api']) / median(bare['api']):.3f} and "
+          f"{median(mine['raw']) / median(bare['raw']):.3f} of those")  # fmt: skip
+    rates = rates["exo-tui"]
     answer_s = tokens / median(rates["chat"])
     api_s, raw_s = client_floor(pieces, name, args.max_tokens)
     print(f"the floor: against a server on the same stack (Starlette on uvicorn) that answers at "
@@ -368,6 +472,7 @@ def one_round_against_headless(
     ratios: dict[str, list[float]],
     rates: dict[str, list[float]],
     pieces: list[bytes],
+    start: Callable[[], tuple[subprocess.Popen[str], str]],
 ) -> int:
     """One stream through a new server against the headless chat in a new process: each API
     stream between two headless answers, its ratio to their mean. Both sides run in processes
@@ -375,7 +480,7 @@ def one_round_against_headless(
     than another with the same code (where its memory landed), and a ratio of two processes
     taken once would carry that. The speed drifts over minutes too: neighbours carry little of
     it."""
-    process, url = start_server(args.model, 1)
+    process, url = start()
     chat = HeadlessChat(args.model, args.max_tokens)
     try:
         return asyncio.run(_one_round(url, name, args.max_tokens, chat, ratios, rates, pieces))
