@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.batch_messages import PrefillDone, Refused
-from engine.errors import EngineError, ModelFormatError
+from engine.errors import EngineError, ModelFormatError, RequestError
 from engine.generate import CancelToken
 from engine.types import Chunk, DoneChunk, ReasoningChunk, TextChunk, ToolCallChunk
 
@@ -31,7 +31,8 @@ class Replies:
 
     def put(self, chunk: Chunk | Refused) -> None:
         if isinstance(chunk, Refused):
-            self._deliver(ModelFormatError(chunk.cause, chunk.fix))
+            error = RequestError if chunk.about == "request" else ModelFormatError
+            self._deliver(error(chunk.cause, chunk.fix))
             return
         kept = as_cancelled(chunk, self._cancel)
         if kept is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from engine.types import ChatRequest, Frozen
 
 
@@ -43,6 +45,9 @@ class Refused(Frozen):
 
     cause: str
     fix: str
+    about: Literal["model", "request"] = (
+        "model"  # what cannot be served: the model, or this request
+    )
 
 
 class PrefillDone(Frozen):

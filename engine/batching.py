@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -57,6 +57,7 @@ from engine.generate import (
     prefill_next_turn,
     prepared,
 )
+from engine.kv_memory import CacheRoom, format_bytes, free_memory_bytes, kv_bytes_per_position
 from engine.loading import LoadedModel
 from engine.types import (
     ChatRequest,
@@ -73,6 +74,8 @@ DEFAULT_BATCH = 16  # requests decoded together; more wait for a slot (serve --m
 # Long prompts the batch prefills together, at most (mlx_lm.server's --prompt-concurrency): a
 # step's activations grow with each.
 PREFILL_BATCH = 8
+# Steps between two looks at the memory free (psutil reads /proc): the caches grow every 256.
+MEMORY_CHECK_STEPS = 32
 
 
 # Engines not closed yet. An interpreter that exits while a model's thread decodes aborts, so
@@ -112,11 +115,22 @@ class _PrefillStop:
 class BatchEngine:
     """A loaded model that answers up to `max_batch` requests at once, decoded together."""
 
-    def __init__(self, loaded: LoadedModel, max_batch: int = DEFAULT_BATCH) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_batch: int = DEFAULT_BATCH,
+        free_memory: Callable[[], int] = free_memory_bytes,
+    ) -> None:
+        """`free_memory`: the bytes this machine has free (the system's own reading)."""
         if max_batch < 1:
             raise ValueError(f"max_batch is {max_batch}; it must be 1 or more")
         self.loaded = loaded
         self.max_batch = max_batch
+        card = loaded.card
+        self._room = CacheRoom(
+            kv_bytes_per_position(card, card.num_layers, card.num_kv_heads), free_memory
+        )
+        self._steps_to_look = 0  # steps until the next look at the memory free
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._ids = itertools.count()
         self._lock = threading.Lock()  # over the two tables of callers
@@ -143,6 +157,9 @@ class BatchEngine:
         RequestError at once when the request cannot be served. Returns the request's id."""
         started = time.perf_counter()
         prompt, max_tokens = prepared(self.loaded, request)
+        need = self._room.batch(1, len(prompt))
+        if need > self._room.spare() + self.loaded.prompt_cache.nbytes:
+            raise self._no_memory(len(prompt), need)  # (the model's thread looks again)
         ident = next(self._ids)
         token = cancel or NeverCancelled()
         caller = Caller(Replies(deliver, token), token)
@@ -279,6 +296,8 @@ class BatchEngine:
                 self._end_cancelled()
                 self._admit()
         if self._live:
+            self._keep_room()
+        if self._live:
             self._step()
         elif self._prefills and not self._waiting:
             self._prefill(self._prefills.popleft())
@@ -321,16 +340,74 @@ class BatchEngine:
         return self._batch
 
     def _admit(self) -> int:
-        """Start the waiting requests there is room for; how many started."""
+        """Start the waiting requests there is room for, in slots and in memory; how many
+        started. One the memory free could not hold even alone is refused."""
         admitted: list[tuple[Admission, Caller]] = []
         while self._waiting and len(self._live) + len(admitted) < self.max_batch:
-            admission = self._waiting.popleft()
+            admission = self._waiting[0]
             with self._lock:
                 caller = self._callers.get(admission.id)
             if caller is not None:  # (its cancel was looked at this round)
+                rows = len(self._live) + len(admitted)
+                live = max((_length(each) for each in self._live.values()), default=0)
+                longest = max([live, len(admission.prompt)] + [len(a.prompt) for a, _ in admitted])
+                # What the batch would take with it, less what its caches hold already.
+                need = self._room.batch(rows + 1, longest) - self._room.held(len(self._live), live)
+                if need > self._room.spare() and (rows or not self._freed(need)):
+                    if rows:
+                        break  # it waits for answers to end
+                    self._waiting.popleft()
+                    self._refuse_for_memory(admission, caller, need)
+                    continue
                 admitted.append((admission, caller))
+            self._waiting.popleft()
         self._joins.start(admitted)
         return len(admitted)
+
+    def _freed(self, need: int) -> bool:
+        """Let go of what is only kept for later (the prompt cache, MLX's spare buffers);
+        whether `need` bytes then fit."""
+        self.loaded.prompt_cache.clear()
+        mx.clear_cache()
+        return need <= self._room.spare()
+
+    def _refuse_for_memory(self, admission: Admission, caller: Caller, need: int) -> None:
+        error = self._no_memory(len(admission.prompt), need)
+        refused = Refused(cause=error.cause, fix=error.fix, about="request")
+        self._reply(admission.id, caller, [refused])
+
+    def _no_memory(self, prompt_tokens: int, need: int) -> RequestError:
+        return RequestError(
+            f"The prompt's cache would take {format_bytes(need)} ({prompt_tokens} tokens and "
+            f"room to answer), more than the {format_bytes(max(0, self._room.spare()))} this "
+            "machine has free for it",
+            "Shorten the conversation, or free memory on this machine",
+        )
+
+    def _keep_room(self) -> None:
+        """Every MEMORY_CHECK_STEPS steps: where the batch's caches could not grow once more
+        in the memory free, the longest answer ends there (its length), and so on until they
+        could: the machine never runs out of memory under them."""
+        self._steps_to_look -= 1
+        if self._steps_to_look > 0:
+            return
+        self._steps_to_look = MEMORY_CHECK_STEPS
+        freed = False
+        while self._live and self._room.growing(len(self._live)) > self._room.spare():
+            if not freed:
+                freed = True
+                if self._freed(self._room.growing(len(self._live))):
+                    return
+                continue
+            uid, live = max(self._live.items(), key=lambda item: _length(item[1]))
+            log.warning(
+                "Memory is short: an answer ends at %d tokens, its cache's growth would not fit",
+                len(live.answer.token_ids),
+            )
+            live.answer.finish = "length"
+            self._remove(uid)
+            self.loaded.prompt_cache.clear()  # (what `_remove` kept of it)
+            self._steps_to_look = 1  # looked at again before the next step
 
     def _step(self) -> None:
         batch = self._generator()
@@ -497,3 +574,8 @@ class BatchEngine:
         if self._batch is not None:
             self._batch.close()
             self._batch = None
+
+
+def _length(live: Live) -> int:
+    """The positions a request's cache holds: its prompt and its answer so far."""
+    return len(live.answer.prompt) + len(live.answer.token_ids)

@@ -20,12 +20,12 @@ from rich.text import Text
 from textual.pilot import Pilot
 from textual.widgets import OptionList, ProgressBar, Static
 
+from engine.kv_memory import format_bytes
 from engine.models.cards import read_card
 from exo_tui.app.main import ExoTuiApp
 from exo_tui.app.screens.download_confirm import DownloadConfirm
 from exo_tui.app.screens.model_picker import ModelPicker
 from exo_tui.app.widgets.download import DownloadPanel
-from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.cluster.control.state import RunnerReady
 from exo_tui.hub import fetch
 from exo_tui.hub.cache import repo_folder

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from engine.kv_memory import format_bytes
 from exo_tui.chat.tools import (
     BUILTIN_TOOLS,
     Tool,
@@ -17,7 +18,6 @@ from exo_tui.chat.tools import (
     calculate,
     local_cluster_status,
 )
-from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.cluster.control.state import ClusterState, NodeSeen, NodeStats, apply
 from exo_tui.cluster.this_machine import cluster_summary
 

@@ -13,8 +13,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
+from engine.kv_memory import format_bytes
 from exo_tui.app.keys import shown
-from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.hub.cache import repo_folder
 from exo_tui.hub.catalogue import CatalogueEntry
 

@@ -14,9 +14,9 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Label, OptionList
 from textual.widgets.option_list import Option
 
+from engine.kv_memory import format_bytes
 from engine.types import ModelCard
 from exo_tui.app.keys import shown
-from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.hub.catalogue import CatalogueEntry
 
 

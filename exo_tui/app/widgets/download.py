@@ -21,10 +21,10 @@ from textual.widgets import ProgressBar, Static
 from textual.worker import get_current_worker
 
 from engine.errors import EngineError
+from engine.kv_memory import format_bytes
 from engine.loading import run_loading
 from exo_tui.app.keys import shown
 from exo_tui.app.widgets import quiet
-from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.hub.downloads import download
 from exo_tui.hub.errors import DownloadCancelled, HubError
 from exo_tui.hub.progress import DownloadProgress

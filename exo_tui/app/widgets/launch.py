@@ -13,11 +13,12 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import RadioButton, RadioSet, Static
 
+from engine.kv_memory import format_bytes
 from engine.types import ModelCard, Strategy
 from exo_tui.app.keys import shown
 from exo_tui.app.screens.model_picker import describe
 from exo_tui.app.widgets import quiet
-from exo_tui.cluster.control.placement import PlacedShard, Placement, PlacementError, format_bytes
+from exo_tui.cluster.control.placement import PlacedShard, Placement, PlacementError
 
 
 def shard_table(shards: tuple[PlacedShard, ...], names: Mapping[str, str]) -> Table:

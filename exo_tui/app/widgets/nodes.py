@@ -7,8 +7,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import ProgressBar, Static
 
+from engine.kv_memory import format_bytes
 from exo_tui.app.widgets import quiet
-from exo_tui.cluster.control.placement import format_bytes
 from exo_tui.cluster.control.state import (
     ClusterState,
     NodeStats,

@@ -33,6 +33,7 @@ from typing import Literal, Protocol
 
 from pydantic import Field
 
+from engine.kv_memory import format_bytes, kv_bytes_per_position
 from engine.types import Frozen, ModelCard, ShardSpec, Strategy
 
 PlacementErrorKind = Literal[
@@ -155,22 +156,7 @@ class PlacementError(Frozen):
         return self.message
 
 
-def format_bytes(n: int) -> str:
-    """Decimal units with one decimal, as memory is shown elsewhere: ``3.1 GB``."""
-    sign = "-" if n < 0 else ""
-    value = float(abs(n))
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000:
-            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.1f} {unit}"
-        value /= 1000
-    return f"{sign}{value:.1f} TB"
-
-
 # Estimates from the card.
-
-
-def kv_bytes_per_value(card: ModelCard) -> int:
-    return 4 if card.dtype in ("float32", "float64") else 2
 
 
 def weight_bytes_per_param(card: ModelCard) -> float:
@@ -210,14 +196,7 @@ def effective_context(card: ModelCard, context_length: int) -> int:
 
 
 def kv_cache_bytes(card: ModelCard, layers: int, context_length: int, kv_heads: int) -> int:
-    return (
-        2
-        * layers
-        * kv_heads
-        * card.head_dim
-        * effective_context(card, context_length)
-        * kv_bytes_per_value(card)
-    )
+    return kv_bytes_per_position(card, layers, kv_heads) * effective_context(card, context_length)
 
 
 def pipeline_shard_bytes(card: ModelCard, layers: int, context_length: int) -> int:
