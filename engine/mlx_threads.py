@@ -13,6 +13,13 @@ import queue
 import threading
 from collections.abc import Callable
 
+# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms), for a
+# process whose model thread shares the GIL with an event loop (the app's screen, the API's
+# server). The model's thread needs it for a moment each token, between computations that run
+# without it; at the default it waited out whole screen redraws, and streaming through the app
+# fell behind the headless CLI (bench/tui_stream.py and bench/api.py measure it).
+GIL_SWITCH_INTERVAL_S = 0.001
+
 Jobs = queue.SimpleQueue[Callable[[], None]]
 _idle: queue.SimpleQueue[Jobs] = queue.SimpleQueue()
 _names = itertools.count()

@@ -33,9 +33,6 @@ log = logging.getLogger(__name__)
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080  # mlx_lm.server's and llama-server's
 KEEP_ALIVE_S = 75  # seconds an idle connection stays open (nginx's and gunicorn's common setting)
-# How long a thread may hold the GIL while another waits for it, while serving (Python's
-# default: 5 ms); bench/api.py measures what it does.
-GIL_SWITCH_INTERVAL_S = 0.001
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]

@@ -26,6 +26,7 @@ from textual.worker import Worker, WorkerState
 
 from engine.errors import EngineError
 from engine.generate import wait_for_streams
+from engine.mlx_threads import GIL_SWITCH_INTERVAL_S
 from exo_tui.app import garbage
 from exo_tui.app.api_service import ApiService
 from exo_tui.app.bindings import APP_BINDINGS, CHAT_BINDINGS, PALETTE_SKIPS
@@ -71,11 +72,6 @@ from exo_tui.store.paths import config_dir, data_dir
 from exo_tui.store.records import ChatSummary
 from exo_tui.store.settings import load_settings, save_settings
 
-# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). The
-# engine's thread needs it for a moment each token, between computations that run without it;
-# at the default it waited out whole screen redraws, and streaming through the app fell behind
-# the headless CLI (bench/tui_stream.py measures it).
-GIL_SWITCH_INTERVAL_S = 0.001
 REFUSAL_NOTICE_EVERY_S = 10.0  # refused peers are all listed; pop-ups about them, no oftener
 REFUSED_REMEMBERED = 1024  # addresses already said in a notice
 SAVE_RETRY_S = 5.0  # how often turns the store refused are tried again

@@ -16,9 +16,10 @@ import anyio
 import anyio.to_thread
 
 from engine.errors import EngineError
+from engine.mlx_threads import GIL_SWITCH_INTERVAL_S
 from engine.types import ModelReady
 from exo_tui.api.board import RequestBoard
-from exo_tui.api.server import GIL_SWITCH_INTERVAL_S, ApiServer, build_app, require_key_off_loopback
+from exo_tui.api.server import ApiServer, build_app, require_key_off_loopback
 from exo_tui.chat.backend import Backend
 from exo_tui.commands.chat import chat_card, default_model_spec, downloaded
 from exo_tui.commands.printing import TextOutput

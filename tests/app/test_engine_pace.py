@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.mlx_threads import GIL_SWITCH_INTERVAL_S
 from exo_tui.app import garbage
-from exo_tui.app.main import GIL_SWITCH_INTERVAL_S, ExoTuiApp
+from exo_tui.app.main import ExoTuiApp
 from tests.app.helpers import fixed_stats
 
 pytestmark = pytest.mark.anyio
