@@ -7,12 +7,13 @@ ratio of the aggregate to one stream's. Then, in rounds that each start a new se
 process answering through `LocalBackend.generate` (what `exo-tui chat` runs), runs one API
 stream (with the openai client, or read as plain SSE lines) between two headless answers, and
 prints each stream's rate over the mean of its two neighbours', the median of those. Greedy
-decoding: both paths produce the same tokens. The same rounds, in turns, run against the least
-a server could be with the model in its process (`bare_child`), and against a server with no
-model that replays a recorded answer (`canned_child`): how much of the gap is any server's.
+decoding: both paths produce the same tokens. With `--bare`, the same rounds, in turns, run
+against a bare server with the model in its process too (`bare_child`; off by default, as it
+doubles the one-stream rounds). Last, a server with no model replays a recorded answer
+(`canned_child`): how much of the gap any server on this stack would have.
 
     .venv/bin/python bench/api.py [--model PATH] [--streams 1,2,4,8,16] [--max-tokens 64]
-        [--repeats 5] [--one-rounds 8]
+        [--repeats 5] [--one-rounds 8] [--bare]
 
 `--model` takes a model folder, e.g. the 4-bit llama of Llama-3.2-1B's shape that
 bench/cpu_kernels.py builds (its `q4` folder in the user cache); the default is the demo.
@@ -256,7 +257,7 @@ def headless_child(model: str, max_tokens: int) -> None:
 
 
 def bare_child(model: str, max_tokens: int) -> None:
-    """The least a server can do with the model in its process: exo-tui's uvicorn settings
+    """A server that does little but pass the model's tokens on: exo-tui's uvicorn settings
     and a bare ASGI app (no Starlette, no validation, no queue, no types for the chunks) that
     answers any request with the bench's prompt. Its response starts at once; the tokens go
     out as pre-shaped SSE events, at most every STREAM_EVERY_S as exo-tui's streams do."""
@@ -363,6 +364,11 @@ def main() -> None:
     )
     parser.add_argument("--headless-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--canned-child", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="one stream also against a bare server with the model (its rounds in turns)",
+    )
     parser.add_argument("--bare-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -385,11 +391,12 @@ def main() -> None:
         asyncio.run(measure_streams(url, name, args, counts))
     finally:
         stop(process)
-    # exo-tui's server, and the least a server could be (`bare_child`), in turns.
+    # exo-tui's server, and with --bare a bare one (`bare_child`), in turns.
     servers: dict[str, Callable[[], tuple[subprocess.Popen[str], str]]] = {
-        "exo-tui": lambda: start_server(args.model, 1),
-        "bare": lambda: start_bare(args.model, args.max_tokens),
+        "exo-tui": lambda: start_server(args.model, 1)
     }
+    if args.bare:
+        servers["bare"] = lambda: start_bare(args.model, args.max_tokens)
     ratios = {server: {"api": list[float](), "raw": list[float]()} for server in servers}
     rates = {server: {"api": list[float](), "raw": list[float](), "chat": list[float]()}
              for server in servers}  # fmt: skip
@@ -403,7 +410,7 @@ def main() -> None:
     if not args.one_rounds:  # the streams alone
         return
     median = statistics.median
-    mine, bare = ratios["exo-tui"], ratios["bare"]
+    mine = ratios["exo-tui"]
     print(f"one stream, request to last token ({tokens} tokens; {args.one_rounds} rounds, each "
           f"with a new server and a new headless chat process, every API stream between two "
           f"headless chats): headless chat {median(rates['exo-tui']['chat']):.1f} tok/s; "
@@ -412,13 +419,15 @@ def main() -> None:
           f"quartiles {quartiles(mine['api'])}), read as plain SSE lines "
           f"{median(rates['exo-tui']['raw']):.1f} ({median(mine['raw']):.2f}x; "
           f"quartiles {quartiles(mine['raw'])})")  # fmt: skip
-    print(f"the least a server could do, the model in its process (a bare ASGI app on the same "
-          f"uvicorn, its chunks pre-shaped, measured the same way in turns): "
-          f"{median(bare['api']):.2f}x with the openai client (quartiles "
-          f"{quartiles(bare['api'])}) and {median(bare['raw']):.2f}x as plain SSE lines "
-          f"(quartiles {quartiles(bare['raw'])}); exo-tui reaches "
-          f"{median(mine['api']) / median(bare['api']):.3f} and "
-          f"{median(mine['raw']) / median(bare['raw']):.3f} of those")  # fmt: skip
+    if args.bare:
+        bare = ratios["bare"]
+        print(f"a bare server, the model in its process (an ASGI app on the same uvicorn, its "
+              f"chunks pre-shaped, no validation, queue or types; measured the same way, in "
+              f"turns): {median(bare['api']):.2f}x with the openai client (quartiles "
+              f"{quartiles(bare['api'])}) and {median(bare['raw']):.2f}x as plain SSE lines "
+              f"(quartiles {quartiles(bare['raw'])}); exo-tui's over the bare server's: "
+              f"{median(mine['api']) / median(bare['api']):.3f} and "
+              f"{median(mine['raw']) / median(bare['raw']):.3f}")  # fmt: skip
     rates = rates["exo-tui"]
     answer_s = tokens / median(rates["chat"])
     api_s, raw_s = client_floor(pieces, name, args.max_tokens)
