@@ -19,6 +19,7 @@ from engine.answer import failure_chunks
 from engine.batching import DEFAULT_BATCH, BatchEngine, batchable
 from engine.errors import EngineError
 from engine.generate import CancelToken, generate, prefill_next_turn
+from engine.kv_memory import free_memory_bytes
 from engine.loading import LoadedModel
 from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, ModelCard, Stats, Usage
 
@@ -154,13 +155,22 @@ class LocalBackend:
     model's own thread (`engine.batching`); a model whose caches cannot join a batch, or a
     `max_batch` of 1, answers one request at a time on the caller's thread."""
 
-    def __init__(self, loaded: LoadedModel, max_batch: int = DEFAULT_BATCH) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_batch: int = DEFAULT_BATCH,
+        free_memory: Callable[[], int] = free_memory_bytes,
+    ) -> None:
+        """`free_memory`: the bytes this machine has free (the system's reading; see
+        `engine.kv_memory`), which the batch's caches never outgrow."""
         self.loaded = loaded
         # One generation or next-turn prefill at a time on the model, without the batch.
         self._lock = threading.Lock()
         self._prefill_cancel = threading.Event()
         self._batch = (
-            BatchEngine(loaded, max_batch) if max_batch > 1 and batchable(loaded) else None
+            BatchEngine(loaded, max_batch, free_memory)
+            if max_batch > 1 and batchable(loaded)
+            else None
         )
 
     @property

@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from engine.loading import load_model, run_loading
+from engine.models.locations import bundled_demo_dir
 from exo_tui.chat.backend import LocalBackend
 from tests.api.conftest import HeldBackend, Serve
 
@@ -124,6 +126,28 @@ def test_a_prompt_past_the_context_is_400_with_the_numbers(
     streamed = httpx.post(f"{url}/v1/chat/completions", json={**long, "stream": True})
     assert "2048" in openai_error(streamed, 400)
     assert "2048" in ollama_error(httpx.post(f"{url}/api/chat", json={**long, "stream": True}), 400)
+
+
+def test_a_prompt_whose_cache_the_memory_free_could_not_hold_is_400_with_the_sizes(
+    serve: Serve,
+) -> None:
+    free = [0]  # the system's reading of the memory free, set here
+    loaded = run_loading(load_model(bundled_demo_dir()), lambda _: None)
+    backend = LocalBackend(loaded, free_memory=lambda: free[0])
+    try:
+        url = serve(backend).url
+        for stream in (False, True):
+            message = openai_error(
+                httpx.post(f"{url}/v1/chat/completions", json={**HELLO, "stream": stream}), 400
+            )
+            assert "this machine has free" in message and "Shorten the conversation" in message
+        assert "this machine has free" in ollama_error(
+            httpx.post(f"{url}/api/chat", json=OLLAMA_HELLO), 400
+        )
+        free[0] = 64 << 30  # memory let go elsewhere: the same request is answered
+        assert httpx.post(f"{url}/v1/chat/completions", json=HELLO).status_code == 200
+    finally:
+        backend.unload()
 
 
 def test_a_body_over_the_cap_is_413(serve: Serve, demo_backend: LocalBackend) -> None:
