@@ -45,9 +45,8 @@ class Refused(Frozen):
 
     cause: str
     fix: str
-    about: Literal["model", "request"] = (
-        "model"  # what cannot be served: the model, or this request
-    )
+    # What cannot be served: the model (its weights), or this request (its size).
+    about: Literal["model", "request"] = "model"
 
 
 class PrefillDone(Frozen):
