@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ from engine.kv_memory import GROWTH, kv_bytes_per_position, margin_bytes
 from engine.loading import LoadedModel, load_model_sync
 from engine.types import Chunk, DoneChunk, TextChunk
 from tests.engine.test_batching import alone, chat, delivered, done_of
+
+PLENTY = 100_000  # positions of cache: more than any test's requests take
 
 
 class Free:
@@ -42,29 +45,39 @@ def loaded(tiny_llama: Path) -> LoadedModel:
     return model
 
 
-def test_a_prompt_whose_cache_could_not_fit_is_refused_at_once_and_the_next_is_answered(
-    loaded: LoadedModel,
-) -> None:
-    free = Free(loaded, positions=100)
+@pytest.fixture
+def room(loaded: LoadedModel) -> Iterator[tuple[Free, BatchEngine]]:
+    """An engine, and the memory free it reads (room for PLENTY positions until a test says)."""
+    free = Free(loaded, positions=PLENTY)
     engine = BatchEngine(loaded, max_batch=4, free_memory=free)
-    try:
-        with pytest.raises(RequestError) as refused:
-            engine.submit(chat("hello there"), None, lambda _: None)
-        assert "this machine has free" in refused.value.cause
-        assert "Shorten the conversation" in refused.value.fix
-        free.positions = 100_000  # (another program let go of its memory)
-        answer = list(engine.generate(chat("hello there")))
-        assert done_of(answer).token_ids == done_of(alone(loaded, chat("hello there"))).token_ids
-    finally:
-        engine.close()
-        loaded.prompt_cache.clear()
+    yield free, engine
+    engine.close()
+    loaded.prompt_cache.clear()
+
+
+def answers_as_alone(loaded: LoadedModel, free: Free, engine: BatchEngine) -> None:
+    """With the memory back, the engine answers as ever: a request gives its tokens alone."""
+    free.positions = PLENTY
+    answer = list(engine.generate(chat("hello there")))
+    assert done_of(answer).token_ids == done_of(alone(loaded, chat("hello there"))).token_ids
+
+
+def test_a_prompt_whose_cache_could_not_fit_is_refused_at_once_and_the_next_is_answered(
+    loaded: LoadedModel, room: tuple[Free, BatchEngine]
+) -> None:
+    free, engine = room
+    free.positions = 100
+    with pytest.raises(RequestError) as refused:
+        engine.submit(chat("hello there"), None, lambda _: None)
+    assert "this machine has free" in refused.value.cause
+    assert "Shorten the conversation" in refused.value.fix
+    answers_as_alone(loaded, free, engine)  # (another program let go of its memory)
 
 
 def test_a_waiting_request_is_refused_when_memory_is_still_short_once_the_others_end(
-    loaded: LoadedModel,
+    loaded: LoadedModel, room: tuple[Free, BatchEngine]
 ) -> None:
-    free = Free(loaded, positions=100_000)
-    engine = BatchEngine(loaded, max_batch=4, free_memory=free)
+    free, engine = room
     got: list[queue.Queue[Chunk | Exception]] = [queue.Queue(), queue.Queue()]
     sent = threading.Event()
 
@@ -75,26 +88,19 @@ def test_a_waiting_request_is_refused_when_memory_is_still_short_once_the_others
             free.positions = GROWTH
         got[0].put(item)
 
-    try:
-        engine.submit(chat("hello there"), None, first_delivers)
-        assert isinstance(delivered(got[0])[-1], DoneChunk)
-        refusal = got[1].get(timeout=60)
-        assert isinstance(refusal, RequestError)
-        assert "this machine has free" in refusal.cause
-        free.positions = 100_000
-        answer = list(engine.generate(chat("hello there")))
-        assert done_of(answer).token_ids == done_of(alone(loaded, chat("hello there"))).token_ids
-    finally:
-        engine.close()
-        loaded.prompt_cache.clear()
+    engine.submit(chat("hello there"), None, first_delivers)
+    assert isinstance(delivered(got[0])[-1], DoneChunk)
+    refusal = got[1].get(timeout=60)
+    assert isinstance(refusal, RequestError)
+    assert "this machine has free" in refusal.cause
+    answers_as_alone(loaded, free, engine)
 
 
 def test_a_request_waits_while_the_memory_free_leaves_no_room_for_its_cache(
-    loaded: LoadedModel,
+    loaded: LoadedModel, room: tuple[Free, BatchEngine]
 ) -> None:
     requests = [chat("hello there"), chat("tell me about the sea")]
-    free = Free(loaded, positions=100_000)
-    engine = BatchEngine(loaded, max_batch=4, free_memory=free)
+    free, engine = room
     got: list[queue.Queue[Chunk | Exception]] = [queue.Queue(), queue.Queue()]
     order: list[str] = []
 
@@ -107,40 +113,29 @@ def test_a_request_waits_while_the_memory_free_leaves_no_room_for_its_cache(
             engine.submit(requests[1], None, second_delivers)
             free.positions = GROWTH
         if isinstance(item, DoneChunk):
-            free.positions = 100_000  # its cache let go
+            free.positions = PLENTY  # its cache let go
         order.append("first done" if isinstance(item, DoneChunk) else "first")
         got[0].put(item)
 
-    try:
-        engine.submit(requests[0], None, first_delivers)
-        answers = [delivered(got[0]), delivered(got[1])]
-        assert order.index("second") > order.index("first done")
-        assert engine.most_at_once == 1
-        for request, answer in zip(requests, answers, strict=True):
-            assert done_of(answer).token_ids == done_of(alone(loaded, request)).token_ids
-    finally:
-        engine.close()
-        loaded.prompt_cache.clear()
+    engine.submit(requests[0], None, first_delivers)
+    answers = [delivered(got[0]), delivered(got[1])]
+    assert order.index("second") > order.index("first done")
+    assert engine.most_at_once == 1
+    for request, answer in zip(requests, answers, strict=True):
+        assert done_of(answer).token_ids == done_of(alone(loaded, request)).token_ids
 
 
 def test_an_answer_ends_at_its_length_when_memory_runs_short_and_the_next_is_answered(
-    loaded: LoadedModel,
+    loaded: LoadedModel, room: tuple[Free, BatchEngine]
 ) -> None:
-    free = Free(loaded, positions=100_000)
-    engine = BatchEngine(loaded, max_batch=4, free_memory=free)
-    try:
-        chunks: list[Chunk] = []
-        for chunk in engine.generate(chat("hello there", max_tokens=1000)):
-            chunks.append(chunk)
-            if sum(isinstance(c, TextChunk) for c in chunks) == 5:
-                free.positions = 0  # another program took the memory
-        done = chunks[-1]
-        assert isinstance(done, DoneChunk)
-        assert done.finish_reason == "length"
-        assert done.usage.completion_tokens < 5 + 2 * MEMORY_CHECK_STEPS
-        free.positions = 100_000
-        answer = list(engine.generate(chat("hello there")))
-        assert done_of(answer).token_ids == done_of(alone(loaded, chat("hello there"))).token_ids
-    finally:
-        engine.close()
-        loaded.prompt_cache.clear()
+    free, engine = room
+    chunks: list[Chunk] = []
+    for chunk in engine.generate(chat("hello there", max_tokens=1000)):
+        chunks.append(chunk)
+        if sum(isinstance(c, TextChunk) for c in chunks) == 5:
+            free.positions = 0  # another program took the memory
+    done = chunks[-1]
+    assert isinstance(done, DoneChunk)
+    assert done.finish_reason == "length"
+    assert done.usage.completion_tokens < 5 + 2 * MEMORY_CHECK_STEPS
+    answers_as_alone(loaded, free, engine)
