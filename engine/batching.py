@@ -353,12 +353,13 @@ class BatchEngine:
                 longest = max([live, len(admission.prompt)] + [len(a.prompt) for a, _ in admitted])
                 # What the batch would take with it, less what its caches hold already.
                 need = self._room.batch(rows + 1, longest) - self._room.held(len(self._live), live)
-                if need > self._room.spare() and (rows or not self._freed(need)):
+                if need > self._room.spare():
                     if rows:
                         break  # it waits for answers to end
-                    self._waiting.popleft()
-                    self._refuse_for_memory(admission, caller, need)
-                    continue
+                    if not self._freed(need):
+                        self._waiting.popleft()
+                        self._refuse_for_memory(admission, caller, need)
+                        continue
                 admitted.append((admission, caller))
             self._waiting.popleft()
         self._joins.start(admitted)
@@ -392,13 +393,10 @@ class BatchEngine:
         if self._steps_to_look > 0:
             return
         self._steps_to_look = MEMORY_CHECK_STEPS
-        freed = False
+        growth = self._room.growing(len(self._live))
+        if growth <= self._room.spare() or self._freed(growth):
+            return
         while self._live and self._room.growing(len(self._live)) > self._room.spare():
-            if not freed:
-                freed = True
-                if self._freed(self._room.growing(len(self._live))):
-                    return
-                continue
             uid, live = max(self._live.items(), key=lambda item: _length(item[1]))
             log.warning(
                 "Memory is short: an answer ends at %d tokens, its cache's growth would not fit",
@@ -407,7 +405,7 @@ class BatchEngine:
             live.answer.finish = "length"
             self._remove(uid)
             self.loaded.prompt_cache.clear()  # (what `_remove` kept of it)
-            self._steps_to_look = 1  # looked at again before the next step
+        self._steps_to_look = 1  # looked at again before the next step
 
     def _step(self) -> None:
         batch = self._generator()
