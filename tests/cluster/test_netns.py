@@ -83,8 +83,14 @@ def test_leftovers_of_a_dead_run_are_swept(need_netns: None) -> None:
     dead.wait()
     leftover = f"{PREFIX}{dead.pid}-0-c0-n1"
     subprocess.run(["ip", "netns", "add", leftover], check=True)
-    orphan = subprocess.Popen(["ip", "netns", "exec", leftover, "sleep", "60"])
+    orphan = subprocess.Popen(
+        ["ip", "netns", "exec", leftover, "sh", "-c", "echo inside; exec sleep 60"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        # Sweep only once the orphan is inside: before that, no sweep could have seen it.
+        assert orphan.stdout is not None and orphan.stdout.readline() == "inside\n"
         assert leftover in sweep_leftovers()
         assert list_namespaces(leftover) == []
         assert orphan.wait(timeout=5) != 0
