@@ -53,7 +53,7 @@ from exo_tui.api.ollama_types import (
     Version,
 )
 from exo_tui.api.scheduler import Queued, Started, StreamEvent, Unsaid
-from exo_tui.api.streaming import Streamed
+from exo_tui.api.streaming import Last, Streamed
 from exo_tui.chat.backend import Backend
 
 OLLAMA_VERSION = "0.12.0"  # the Ollama API this one follows, for clients that check
@@ -245,7 +245,8 @@ async def _lines(
             if isinstance(event, ErrorChunk):
                 yield _line(ErrorOut(error=event.message))
             elif isinstance(event, DoneChunk):
-                yield _line(shape(MessageOut(), event, time.perf_counter() - started, None))
+                yield Last(_line(shape(MessageOut(), event, time.perf_counter() - started, None)))
+                return
             else:
                 yield _line(shape(message_part(event), None, 0.0, None))
     finally:

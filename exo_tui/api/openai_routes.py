@@ -39,7 +39,7 @@ from exo_tui.api.openai_types import (
     ModelObject,
 )
 from exo_tui.api.scheduler import KeepAlive, Queued, Started, StreamEvent, Unsaid
-from exo_tui.api.streaming import Streamed
+from exo_tui.api.streaming import Last, Streamed
 
 
 async def list_models(request: Request) -> Response:
@@ -133,7 +133,8 @@ async def _sse(
                 end = chunk([ChunkChoice(delta=Delta(), finish_reason=finish(event.finish_reason))])
                 if include_usage:
                     end += chunk([], usage=usage(event.usage))
-                yield end + sse("[DONE]")  # (the scheduler ends every stream with one)
+                yield Last(end + sse("[DONE]"))  # (the scheduler ends every stream with one)
+                return
             else:
                 yield chunk([ChunkChoice(delta=delta(event, calls))])
                 calls += event.type == "tool_call"

@@ -17,12 +17,19 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Literal
 
 from engine.errors import EngineError
-from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Frozen, PrefillProgress
+from engine.types import (
+    ChatRequest,
+    Chunk,
+    DoneChunk,
+    ErrorChunk,
+    Frozen,
+    PrefillProgress,
+)
 from exo_tui.api.board import RequestBoard, RequestState
 from exo_tui.api.errors import ApiError
 from exo_tui.api.inbox import Inbox
 from exo_tui.chat.backend import Backend, cancelled_done
-from exo_tui.chat.turn import coalesce
+from exo_tui.chat.turn import joined
 
 log = logging.getLogger(__name__)
 
@@ -186,10 +193,8 @@ class Scheduler:
                 if sent and wait > 0:
                     await job.events.hold(wait)
                     taken += job.events.take_ready()
-                for event in taken:
-                    if event is not None and not isinstance(event, Failed | Started):
-                        meter.saw(event, job)
-                batch = _joined(taken)
+                meter.saw(taken, job)
+                batch = joined(taken)
                 if any(not isinstance(event, Started) for event in batch):
                     last_sent = loop.time()  # (a response's start holds no chunk back)
                 for event in batch:
@@ -206,17 +211,20 @@ class Scheduler:
                         yield ErrorChunk(message=event.message)
                         continue
                     sent = True
-                    done = isinstance(event, DoneChunk)
-                    yield event
+                    done = isinstance(event, DoneChunk)  # (set first: the reader may close
+                    yield event  # the stream at this yield, once it has what it needs)
+                    if done:  # the last: the stream ends with it, not once the answer's
+                        ended = True  # thread has ended too
+                        break
             if not done:  # cancelled (the thread stops at once) or failed: still an ending
                 yield cancelled_done()
         finally:
             if not done and job.outcome == "done":  # the client left before the end
                 job.outcome, job.detail = "cancelled", job.detail or "cancelled"
-            if job.state != "finished":
-                job.cancel.set()
-            else:
+            if job.state == "finished":  # (its own board update may have come first)
                 self.board.update(job.id, state=job.outcome, detail=job.detail)
+            elif not done:
+                job.cancel.set()
 
     def cancel_all(self) -> None:
         """Cancel every request, queued or running (the server is stopping)."""
@@ -302,14 +310,6 @@ class Scheduler:
                 job.events.put(Started())
 
 
-def _joined(batch: list[Event]) -> list[Event]:
-    """A batch with each run of text (or of reasoning) as one chunk."""
-    out: list[Event] = []
-    for event in batch:
-        coalesce(out, event)
-    return out
-
-
 class _Meter:
     """A running answer's state, tokens and rate on the board (not on every token)."""
 
@@ -319,29 +319,43 @@ class _Meter:
         self._first = 0.0
         self._last = 0.0
         self._count = 0
+        self._first_count = 0  # the tokens of the first batch, before the rate's clock started
 
-    def saw(self, chunk: Chunk, job: Job) -> None:
-        now = time.perf_counter()
-        if isinstance(chunk, DoneChunk):
-            if chunk.finish_reason == "cancelled":
+    def saw(self, batch: list[Event], job: Job) -> None:
+        """A batch as the stream took it (the tokens counted once a batch, not one by one)."""
+        count = 0
+        done: DoneChunk | None = None
+        for event in batch:
+            if isinstance(event, DoneChunk):
+                done = event
+            elif isinstance(event, ErrorChunk):
+                job.outcome, job.detail = "error", event.message
+                count += 1
+            elif event is not None and not isinstance(event, Failed | Started):
+                count += 1
+        if count:
+            self._counted(count)
+        if done is not None:
+            if done.finish_reason == "cancelled":
                 job.outcome = "cancelled"
-            elif chunk.finish_reason == "error":
+            elif done.finish_reason == "error":
                 job.outcome = "error"
-            job.detail = job.detail or chunk.finish_reason
+            job.detail = job.detail or done.finish_reason
             self._board.update(
                 self._id,
-                prompt_tokens=chunk.usage.prompt_tokens,
-                completion_tokens=chunk.usage.completion_tokens,
-                tokens_per_second=chunk.stats.decode_tps,
+                prompt_tokens=done.usage.prompt_tokens,
+                completion_tokens=done.usage.completion_tokens,
+                tokens_per_second=done.stats.decode_tps,
             )
-            return
-        if isinstance(chunk, ErrorChunk):
-            job.outcome, job.detail = "error", chunk.message
-        self._count += 1
+
+    def _counted(self, count: int) -> None:
+        now = time.perf_counter()
+        self._count += count
         if not self._first:
             self._first = self._last = now
-            self._board.update(self._id, state="answering", completion_tokens=1)
+            self._first_count = self._count
+            self._board.update(self._id, state="answering", completion_tokens=self._count)
         elif now - self._last >= BOARD_INTERVAL_S:
             self._last = now
-            rate = (self._count - 1) / max(now - self._first, 1e-9)
+            rate = (self._count - self._first_count) / max(now - self._first, 1e-9)
             self._board.update(self._id, completion_tokens=self._count, tokens_per_second=rate)

@@ -32,7 +32,15 @@ class Streamed(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                last = isinstance(chunk, Last)
+                await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                if last:
+                    return
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await self.body_iterator.aclose()
+
+
+class Last(bytes):
+    """A body's last piece: it goes out with the response's end in one write, so the client
+    wakes once for both."""

@@ -35,7 +35,7 @@ from exo_tui.app.widgets.chat import AnswerView, ChatPane
 from exo_tui.app.widgets.prompt import PromptInput
 from exo_tui.chat.backend import Backend
 from exo_tui.chat.tools import ToolRegistry
-from exo_tui.chat.turn import TurnEvent, chat_turn, coalesce
+from exo_tui.chat.turn import TurnEvent, chat_turn, joined
 from exo_tui.store.chat_errors import ChatNotFoundError, ChatStoreError
 from exo_tui.store.chats import ChatStore
 from exo_tui.store.opening import open_chat_store
@@ -407,11 +407,11 @@ class Conversation:
             nonlocal pending
             if isinstance(event, DoneChunk):
                 dones.append(event)
-            coalesce(pending, event)
+            pending.append(event)
             now = time.monotonic()
             due = not isinstance(event, TextChunk | ReasoningChunk) or pacer.due(now)
             if due and answer.is_attached:
-                answer.post_message(AnswerView.Feed(pending))
+                answer.post_message(AnswerView.Feed(joined(pending)))
                 pending = []
                 # A progress report repaints one line: the first words still go at once.
                 if not isinstance(event, PrefillProgress):
@@ -422,11 +422,11 @@ class Conversation:
         except Exception as error:  # the app keeps running, the chat keeps its history
             failed = failure(error)
             if self._wait_until_attached(answer):  # the answer says it, where it would be
-                answer.post_message(AnswerView.Feed([*pending, failed]))
+                answer.post_message(AnswerView.Feed([*joined(pending), failed]))
             self._app.post_message(TurnEnded([], error=failed.message))
             return None
         if self._wait_until_attached(answer):
-            answer.post_message(AnswerView.Feed(pending))
+            answer.post_message(AnswerView.Feed(joined(pending)))
         failed = failed_at_once(added, dones)  # its error chunk is on screen: nothing to add
         self._app.post_message(TurnEnded([] if failed else added, error="" if failed else None))
         return None if failed else added

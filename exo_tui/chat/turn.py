@@ -7,7 +7,7 @@ the CLI prints them, the TUI draws them and the chat store keeps them, each in i
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from typing import TypeVar, cast
 
 from engine.generate import CancelToken
@@ -32,18 +32,33 @@ TurnEvent = Chunk | ToolResult
 T = TypeVar("T")
 
 
-def coalesce(pending: list[T], event: T) -> None:
-    """Append `event`, joining it to the last one when both are text (or both reasoning): a
-    reader that fell behind the tokens takes fewer, longer pieces."""
-    last = pending[-1] if pending else None
-    if isinstance(event, PrefillProgress) and isinstance(last, PrefillProgress):
-        pending[-1] = event  # only the latest counts
-    elif isinstance(event, TextChunk) and isinstance(last, TextChunk):
-        pending[-1] = cast(T, TextChunk(text=last.text + event.text))
-    elif isinstance(event, ReasoningChunk) and isinstance(last, ReasoningChunk):
-        pending[-1] = cast(T, ReasoningChunk(text=last.text + event.text))
-    else:
-        pending.append(event)
+def joined(events: Sequence[T]) -> list[T]:
+    """`events` with each run of text (or of reasoning) as one chunk, made once for the run, and
+    of a run of prefill reports only the latest: a reader that fell behind the tokens takes
+    fewer, longer pieces."""
+    out: list[T] = []
+    run: list[TextChunk | ReasoningChunk] = []
+
+    def close_run() -> None:
+        if len(run) > 1:
+            out.append(cast(T, type(run[0])(text="".join(chunk.text for chunk in run))))
+        else:
+            out.extend(cast(list[T], run))
+        run.clear()
+
+    for event in events:
+        if isinstance(event, TextChunk | ReasoningChunk):
+            if run and type(run[0]) is not type(event):
+                close_run()
+            run.append(event)
+            continue
+        close_run()
+        if isinstance(event, PrefillProgress) and out and isinstance(out[-1], PrefillProgress):
+            out[-1] = event
+        else:
+            out.append(event)
+    close_run()
+    return out
 
 
 def chat_turn(
