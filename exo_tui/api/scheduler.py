@@ -17,14 +17,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Literal
 
 from engine.errors import EngineError
-from engine.types import (
-    ChatRequest,
-    Chunk,
-    DoneChunk,
-    ErrorChunk,
-    Frozen,
-    PrefillProgress,
-)
+from engine.types import ChatRequest, Chunk, DoneChunk, ErrorChunk, Frozen, PrefillProgress
 from exo_tui.api.board import RequestBoard, RequestState
 from exo_tui.api.errors import ApiError
 from exo_tui.api.inbox import Inbox
