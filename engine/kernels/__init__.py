@@ -1,4 +1,5 @@
-"""Fast CPU matmul kernels for MLX: quantized (MLX's affine 4- and 8-bit format) and 16-bit.
+"""Fast CPU matmul kernels for MLX: quantized (MLX's affine 4- and 8-bit format, and MXFP4), the
+experts' products of a mixture of experts, and 16-bit.
 
 MLX's x86 CPU kernels for these products are scalar loops, so every mlx-community model (4-bit,
 8-bit, bf16) ran at a fraction of the memory speed here. `_kernels` is a C++ extension built at
@@ -100,16 +101,45 @@ def one_float_type(*arrays: mx.array) -> bool:
 
 
 def covers_quantized(bits: int, group_size: int, mode: str, has_biases: bool) -> bool:
+    if mode == "mxfp4":  # MLX's MXFP4: E8M0 scales, no biases (gpt-oss's experts)
+        return bits == 4 and group_size == 32 and not has_biases
     return mode == "affine" and has_biases and bits in QUANTIZED_BITS and group_size in GROUP_SIZES
 
 
 def quantized_matmul(
-    x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array | None,
+    group_size: int,
+    bits: int,
+    mode: str = "affine",
 ) -> mx.array:
     """x @ dequantize(w, scales, biases).T through the extension (which must be available)."""
     module = extension()
     assert module is not None
-    return cast(mx.array, module.quantized_matmul(x, w, scales, biases, group_size, bits))
+    return cast(mx.array, module.quantized_matmul(x, w, scales, biases, group_size, bits, mode))
+
+
+def gather_quantized_matmul(
+    x: mx.array,
+    w: mx.array,
+    scales: mx.array,
+    biases: mx.array | None,
+    indices: mx.array,
+    group_size: int,
+    bits: int,
+    mode: str = "affine",
+) -> mx.array:
+    """mx.gather_qmm(x, w, scales, biases, rhs_indices=indices, transpose=True, ...): each row of
+    x [..., M, K] by the experts `indices` names (broadcast against x's batch axes), through the
+    extension (which must be available). An index out of range gives NaN, never a read."""
+    module = extension()
+    assert module is not None
+    return cast(
+        mx.array,
+        module.gather_quantized_matmul(x, w, scales, biases, indices, group_size, bits, mode),
+    )
 
 
 def rms_norm(x: mx.array, w: mx.array, eps: float) -> mx.array:

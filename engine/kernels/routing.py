@@ -1,6 +1,7 @@
 """Route a model's linears to the CPU kernels: mlx-lm's `QuantizedLinear`, `Linear` with 16-bit
 or fp32 weights, `QuantizedEmbedding.as_linear` (a tied head) and the sharded linears that tensor
-parallelism uses; its `RMSNorm`s; and its rotary embeddings (`nn.RoPE` and mlx-lm's
+parallelism uses; a mixture of experts' `QuantizedSwitchLinear` (mlx-lm's `SwitchGLU` and
+`SwitchMLP`: `mx.gather_qmm`); its `RMSNorm`s; and its rotary embeddings (`nn.RoPE` and mlx-lm's
 `Llama3RoPE`). Each routed layer gets a subclass of its own class whose
 forward pass calls the kernels; its weights and parameters are untouched, so loading, sharding
 and the ring see the same module tree. mlx-lm's `swiglu`, which its model modules import by
@@ -24,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.nn.layers import distributed
 from mlx_lm.models.rope_utils import Llama3RoPE
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from engine import kernels
 
@@ -33,7 +35,13 @@ _ORIGINAL_SWIGLU = "_exo_tui_original_swiglu"
 
 def _quantized_product(layer: Any, x: mx.array) -> mx.array:
     return kernels.quantized_matmul(
-        x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits
+        x,
+        layer["weight"],
+        layer["scales"],
+        layer.get("biases"),
+        layer.group_size,
+        layer.bits,
+        getattr(layer, "mode", "affine"),
     )
 
 
@@ -59,6 +67,23 @@ def _dense_linear(self: Any, x: mx.array) -> mx.array:
 def _dense_sharded_to_all(self: Any, x: mx.array) -> mx.array:
     y = mx.distributed.all_sum(kernels.dense_matmul(x, self["weight"]), group=self.group)
     return _with_bias(self, y)
+
+
+def _quantized_switch_linear(
+    self: Any, x: mx.array, indices: mx.array, sorted_indices: bool = False
+) -> mx.array:
+    # The kernel groups the rows by expert itself, sorted or not.
+    y = kernels.gather_quantized_matmul(
+        x,
+        self["weight"],
+        self["scales"],
+        self.get("biases"),
+        indices,
+        self.group_size,
+        self.bits,
+        self.mode,
+    )
+    return y + mx.expand_dims(self["bias"][indices], -2) if "bias" in self else y
 
 
 def _quantized_as_linear(self: Any, x: mx.array) -> mx.array:
@@ -126,6 +151,7 @@ _QUANTIZED_FORWARD = {
     distributed.QuantizedAllToShardedLinear: ("__call__", _quantized_linear),
     distributed.QuantizedShardedToAllLinear: ("__call__", _quantized_sharded_to_all),
     nn.QuantizedEmbedding: ("as_linear", _quantized_as_linear),
+    QuantizedSwitchLinear: ("__call__", _quantized_switch_linear),
 }
 _DENSE_FORWARD = {
     nn.Linear: ("__call__", _dense_linear),

@@ -25,9 +25,18 @@ NB_MODULE(_kernels, m) {
   // the Python side refuses the extension under any other release.
   m.attr("built_for_mlx") = EXO_STR(MLX_VERSION_MAJOR) "." EXO_STR(MLX_VERSION_MINOR) "." EXO_STR(
       MLX_VERSION_PATCH);
-  m.def("quantized_matmul", &exo_kernels::quantized_matmul, "x"_a, "w"_a, "scales"_a, "biases"_a,
-        "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
-        "x @ dequantize(w, scales, biases).T for MLX's affine 4- and 8-bit weights");
+  m.def("quantized_matmul", &exo_kernels::quantized_matmul, "x"_a, "w"_a, "scales"_a,
+        "biases"_a.none(), "group_size"_a, "bits"_a, "mode"_a = "affine", nb::kw_only(),
+        "stream"_a = nb::none(),
+        "x @ dequantize(w, scales, biases).T for MLX's affine 4- and 8-bit weights and MXFP4");
+  m.def("gather_quantized_matmul", &exo_kernels::gather_quantized_matmul, "x"_a, "w"_a,
+        "scales"_a, "biases"_a.none(), "indices"_a, "group_size"_a, "bits"_a, "mode"_a = "affine",
+        nb::kw_only(), "stream"_a = nb::none(),
+        "mx.gather_qmm(x, w, scales, biases, rhs_indices=indices, transpose=True): the experts' "
+        "products of a mixture of experts");
+  m.def("gather_joint_max_rows", [] { return exo_kernels::gather_joint_max_rows; });
+  m.def("set_gather_joint_max_rows", [](int rows) { exo_kernels::gather_joint_max_rows = rows; },
+        "rows"_a);
   m.def("dense_matmul", &exo_kernels::dense_matmul, "x"_a, "w"_a, nb::kw_only(),
         "stream"_a = nb::none(), "x @ w.T for bfloat16, float16 or float32 weights");
   m.def("rms_norm", &exo_kernels::rms_norm, "x"_a, "w"_a, "eps"_a, nb::kw_only(),

@@ -62,4 +62,16 @@ inline uint16_t float_to_f16(float f) {
   return static_cast<uint16_t>(sign | (rounded >> 13));
 }
 
+// An E8M0 scale (MXFP4's): 2^(e - 127), NaN for 255.
+inline float e8m0_to_float(uint8_t e) {
+  if (e == 255) return bits_float(0x7fc00000u);
+  return bits_float(e == 0 ? 0x00400000u : static_cast<uint32_t>(e) << 23);
+}
+
+// The 16 values of an E2M1 code (MXFP4's weights): sign, 2 exponent bits, 1 mantissa bit.
+inline float e2m1_to_float(int q) {
+  constexpr float magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return q & 8 ? -magnitudes[q & 7] : magnitudes[q & 7];
+}
+
 }  // namespace exo_kernels

@@ -38,6 +38,13 @@ struct f16 {
 inline float to_float(float v) { return v; }
 inline float to_float(bf16 v) { return bf16_to_float(v.bits); }
 inline float to_float(f16 v) { return f16_to_float(v.bits); }
+// MXFP4's scales: one E8M0 byte a group, and no biases.
+struct e8m0 {
+  uint8_t bits;
+};
+inline float to_float(e8m0 v) { return e8m0_to_float(v.bits); }
+template <typename S>
+constexpr bool is_mxfp4 = std::is_same_v<S, e8m0>;
 
 inline vf load(const float* p) {
   vf v;
@@ -58,6 +65,17 @@ inline vi load_bytes(const uint8_t* p) {
   return __builtin_convertvector(b, vi);
 }
 inline vf to_vf(vi v) { return __builtin_convertvector(v, vf); }
+
+// E2M1 codes (0..15 a lane) as their values, built bit by bit: exponent e and mantissa m give
+// 2^(e - 1) * (1 + m / 2), or m / 2 where e is 0; bit 3 is the sign.
+inline vf e2m1_values(vi q) {
+  const vi e = (q >> 1) & 3, m = q & 1;
+  const vi normal = ((e + 126) << 23) | (m << 22);
+  const vi subnormal = m * (126 << 23);
+  vi bits = e == 0 ? subnormal : normal;
+  bits |= (q & 8) << 28;
+  return reinterpret_cast<vf&>(bits);
+}
 
 inline vf load_bf16(const uint16_t* p) {
   vh h;
@@ -120,7 +138,7 @@ struct WeightRows {
       const std::size_t row = static_cast<std::size_t>(n + r);
       rows[r] = reinterpret_cast<const uint8_t*>(a.w) + row * row_bytes;
       scales[r] = static_cast<const S*>(a.scales) + row * groups;
-      biases[r] = static_cast<const S*>(a.biases) + row * groups;
+      biases[r] = a.biases == nullptr ? nullptr : static_cast<const S*>(a.biases) + row * groups;
     }
   }
 };
@@ -147,7 +165,10 @@ inline void quantized_block(const QuantizedArgs& a, int n, int m0) {
       vf lo[NR], hi[NR];
       for (int r = 0; r < NR; ++r) {
         const vi u = load_bytes(rows[r] + k * BITS / 8);
-        if constexpr (BITS == 4) {
+        if constexpr (is_mxfp4<S>) {
+          lo[r] = e2m1_values(u & 15);
+          hi[r] = e2m1_values(u >> 4);
+        } else if constexpr (BITS == 4) {
           lo[r] = to_vf(u & 15);
           hi[r] = to_vf(u >> 4);
         } else {
@@ -165,10 +186,11 @@ inline void quantized_block(const QuantizedArgs& a, int n, int m0) {
       }
     }
     for (int r = 0; r < NR; ++r) {
-      const float s = to_float(scales[r][g]), b = to_float(biases[r][g]);
-      for (int m = 0; m < MR; ++m) {
-        total[r][m] += acc[r][m] * s;
-        bias[r][m] += b * xsum[m * groups + g];
+      const float s = to_float(scales[r][g]);
+      for (int m = 0; m < MR; ++m) total[r][m] += acc[r][m] * s;
+      if constexpr (!is_mxfp4<S>) {
+        const float b = to_float(biases[r][g]);
+        for (int m = 0; m < MR; ++m) bias[r][m] += b * xsum[m * groups + g];
       }
     }
   }
@@ -190,7 +212,10 @@ inline void quantized_block_lookup(const QuantizedArgs& a, int n, int m0) {
   const WeightRows<NR, S> block(a, n, row_bytes, groups);
   const auto& [rows, scales, biases] = block;
   const std::size_t ahead = NR * row_bytes;
-  const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  // A group's weights are scale * q + bias, or for MXFP4 scale * (q's E2M1 value).
+  const __m512 levels =
+      is_mxfp4<S> ? _mm512_setr_ps(0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6)
+                  : _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   vf acc[NR][MR] = {};
   for (int g = 0; g < groups; ++g) {
     // The same bytes of the next block's rows: the hardware prefetcher alone left this loop
@@ -198,9 +223,13 @@ inline void quantized_block_lookup(const QuantizedArgs& a, int n, int m0) {
     for (int r = 0; r < NR; ++r)
       _mm_prefetch(reinterpret_cast<const char*>(rows[r]) + ahead + g * gs / 2, _MM_HINT_T0);
     __m512 table[NR];
-    for (int r = 0; r < NR; ++r)
-      table[r] = _mm512_fmadd_ps(levels, _mm512_set1_ps(to_float(scales[r][g])),
-                                 _mm512_set1_ps(to_float(biases[r][g])));
+    for (int r = 0; r < NR; ++r) {
+      if constexpr (is_mxfp4<S>)
+        table[r] = _mm512_mul_ps(levels, _mm512_set1_ps(to_float(scales[r][g])));
+      else
+        table[r] = _mm512_fmadd_ps(levels, _mm512_set1_ps(to_float(scales[r][g])),
+                                   _mm512_set1_ps(to_float(biases[r][g])));
+    }
     for (int c = 0; c < chunks; ++c) {
       const int k = g * gs + c * 2 * L;
       vf lo[NR], hi[NR];
@@ -284,14 +313,19 @@ void quantized_dequantize_typed(const QuantizedArgs& a, int n0, int n1, float* t
   for (int n = n0; n < n1; ++n) {
     const uint8_t* row = reinterpret_cast<const uint8_t*>(a.w) + static_cast<std::size_t>(n) * row_bytes;
     const S* scales = static_cast<const S*>(a.scales) + static_cast<std::size_t>(n) * groups;
-    const S* biases = static_cast<const S*>(a.biases) + static_cast<std::size_t>(n) * groups;
+    const S* biases =
+        is_mxfp4<S> ? nullptr : static_cast<const S*>(a.biases) + static_cast<std::size_t>(n) * groups;
     float* out = tile + static_cast<std::size_t>(n - n0) * k_all;
     for (int g = 0; g < groups; ++g) {
-      const vf s = vf{} + to_float(scales[g]), b = vf{} + to_float(biases[g]);
+      const vf s = vf{} + to_float(scales[g]);
+      const vf b = vf{} + (is_mxfp4<S> ? 0.0f : to_float(biases[g]));
       for (int c = 0; c < chunks; ++c) {
         const int k = g * gs + c * per_chunk;
         const vi u = load_bytes(row + k * BITS / 8);
-        if constexpr (BITS == 4) {
+        if constexpr (is_mxfp4<S>) {
+          store(out + k, e2m1_values(u & 15) * s);
+          store(out + k + L, e2m1_values(u >> 4) * s);
+        } else if constexpr (BITS == 4) {
           // The order of the prepared x: a chunk's even positions, then its odd ones.
           store(out + k, to_vf(u & 15) * s + b);
           store(out + k + L, to_vf(u >> 4) * s + b);
@@ -473,6 +507,7 @@ void nibble_dot_gemv(const QuantizedArgs& a, int n0, int n1) {
 #endif
 
 void quantized_gemv(const QuantizedArgs& a, int n0, int n1) {
+  if (a.mxfp4) return quantized_gemv_typed<4, e8m0>(a, n0, n1);
 #if defined(EXO_BF16_DOT)
   if (a.xq8 != nullptr) {
     if (a.group_size == 32) return nibble_dot8_gemv<32>(a, n0, n1);
@@ -497,6 +532,7 @@ void quantized_gemv(const QuantizedArgs& a, int n0, int n1) {
 }
 
 void quantized_dequantize(const QuantizedArgs& a, int n0, int n1, float* tile) {
+  if (a.mxfp4) return quantized_dequantize_typed<4, e8m0>(a, n0, n1, tile);
   const bool four = a.bits == 4;
   switch (a.scale_type) {
     case Scalar::f32:

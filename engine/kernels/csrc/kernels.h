@@ -34,6 +34,9 @@ struct QuantizedArgs {
   // Or, for several rows of x, x as 8-bit integers with their steps (see prepare_int8_x), laid
   // out as int8_x_offset says.
   const int8_t* xq8 = nullptr;
+  // MXFP4 (MLX's mode "mxfp4", ggml's MXFP4 block): 4-bit E2M1 codes in the affine format's
+  // nibble order, groups of 32, `scales` one E8M0 byte a group (2^(e - 127)), no biases.
+  bool mxfp4 = false;
 };
 
 // 8-bit x, 512 values a step (the last 256 where a row's length is not a multiple of 512): each

@@ -8,6 +8,7 @@
 
 #include "amx.h"
 #include "half_bits.h"
+#include "matmul_parts.h"
 #include "threads.h"
 
 extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha,
@@ -22,21 +23,13 @@ int amx_small_min_rows = 14;
 int int8_min_rows = 2;
 int amx_int8_min_rows = 7;
 
-namespace {
+namespace detail {
 
 constexpr int CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112;
 // A tile of dequantized weights holds about this many floats (4 MiB): big enough for BLAS to run
 // at full speed, small enough to stay in the caches between the dequantizing and the product.
 constexpr std::size_t TILE_FLOATS = std::size_t{1} << 20;
 
-// Buffers kept per thread between calls, so a decoding step allocates nothing.
-struct Scratch {
-  std::vector<float> x, prepared, sums, sums32, out, tile, bias;
-  std::vector<uint16_t> tiles_x;
-  std::vector<int16_t> int_x;
-  std::vector<int8_t> int8_x;
-  std::vector<float> xsum_t, int_x_scales, tile_steps, tile_sums;
-};
 Scratch& scratch() {
   thread_local Scratch buffers;
   return buffers;
@@ -108,7 +101,7 @@ float scalar_at(const void* values, Scalar type, std::size_t i) {
 // widened it (else nullptr: it is widened here, if needed).
 void redo_non_finite(const Isa& isa, const float* x, const void* x_in, Scalar x_type, int rows,
                      int k, const uint32_t* w, const void* scales, const void* biases,
-                     Scalar scale_type, int n, int group_size, int bits, float* out) {
+                     Scalar scale_type, int n, int group_size, int bits, bool mxfp4, float* out) {
   const std::size_t count = static_cast<std::size_t>(rows) * n;
   if (std::all_of(out, out + count, [](float v) { return std::isfinite(v); })) return;
   std::vector<float> widened;
@@ -125,28 +118,16 @@ void redo_non_finite(const Isa& isa, const float* x, const void* x_in, Scalar x_
         const uint8_t byte = bytes[static_cast<std::size_t>(j) * row_bytes + i * bits / 8];
         const int q = bits == 4 ? (i % 2 == 0 ? byte & 15 : byte >> 4) : byte;
         const std::size_t g = static_cast<std::size_t>(j) * groups + i / group_size;
-        const float weight = scalar_at(scales, scale_type, g) * static_cast<float>(q) +
-                             scalar_at(biases, scale_type, g);
+        const float weight =
+            mxfp4 ? e8m0_to_float(static_cast<const uint8_t*>(scales)[g]) * e2m1_to_float(q)
+                  : scalar_at(scales, scale_type, g) * static_cast<float>(q) +
+                        scalar_at(biases, scale_type, g);
         total += weight * x[static_cast<std::size_t>(m) * k + i];
       }
       value = total;
     }
 }
 
-}  // namespace
-
-namespace {
-
-// x as the GEMV reads it: in fp32 and in the weights' nibble order, or as 16-bit integers for
-// the dot products in hardware; and each group's sum of x.
-struct GemvX {
-  const float* x;         // fp32, as it came
-  const float* prepared;  // fp32, each 4-bit chunk's even values then its odd ones
-  const int16_t* xq;      // 16-bit integers in nibble order (nullptr: another path)
-  const int8_t* xq8;      // or 8-bit ones, for several rows
-  const float* xq_scales;
-  const float* sums;      // [rows, groups]
-};
 
 // `layout`: whether any row of the weights runs as a GEMV (the tiles take x as it came);
 // `tiles`: whether some run on AMX tiles (which take the exact sums of x for the biases' term).
@@ -218,18 +199,20 @@ bool takes_nibble_dot(const Isa& isa, Scalar x_type, int bits, Scalar scale_type
          scale_type == Scalar::bf16 && k % 128 == 0 && group_size <= 128;
 }
 
-}  // namespace
+}  // namespace detail
+
+using namespace detail;
 
 void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, const uint32_t* w,
-                      const void* scales, const void* biases, Scalar scale_type, int n,
-                      int group_size, int bits, void* out, Scalar out_type) {
+                          const void* scales, const void* biases, Scalar scale_type, int n,
+                          int group_size, int bits, bool mxfp4, void* out, Scalar out_type) {
   const Isa& isa = best_isa();
   Scratch& s = scratch();
   const int groups = k / group_size;
   // Many rows of bf16 x by 4-bit weights on AMX tiles, 32 weight rows at a time (fewer rows of
   // x than amx_min_rows run faster as GEMVs).
-  const bool amx = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && amx_enabled &&
-                   n >= 32 && amx_available();
+  const bool amx = isa.bf16_dot && x_type == Scalar::bf16 && bits == 4 && !mxfp4 &&
+                   amx_enabled && n >= 32 && amx_available();
   // A few rows (several requests decoding at once): one tile of x against every weight row,
   // on the 8-bit tiles where the CPU has them (x as 8-bit integers, as the 8-bit GEMV takes it
   // from int8_min_rows), else on the bf16 ones.
@@ -243,7 +226,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const int tiled = tiles || small_tiles || int8_tiles ? n - n % 32 : 0;
   // Only the rows the tiles leave need x in the GEMV's order. The dot products in hardware
   // take any number of rows: at 512 rows they ran faster than OpenBLAS on dequantized tiles.
-  const bool nibble_dot = takes_nibble_dot(isa, x_type, bits, scale_type, k, group_size);
+  const bool nibble_dot = !mxfp4 && takes_nibble_dot(isa, x_type, bits, scale_type, k, group_size);
   // The 8-bit tiles round x themselves: x in fp32 and its sums serve only weight rows past them.
   const GemvX px =
       int8_tiles && tiled == n
@@ -253,7 +236,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   QuantizedArgs args{px.prepared, px.sums, rows, k, n, w, scales, biases, scale_type, group_size,
-                     bits, out32, n, px.xq, px.xq_scales, px.xq8};
+                     bits, out32, n, px.xq, px.xq_scales, px.xq8, mxfp4};
   if (int8_tiles) {
     s.int8_x.resize(std::max(s.int8_x.size(), amx_int8_x_bytes(k, rows)));
     const std::size_t per_block = static_cast<std::size_t>(k / 64) * 16;
@@ -314,7 +297,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
     });
   }
   redo_non_finite(isa, px.x, x_in, x_type, rows, k, w, scales, biases, scale_type, n, group_size,
-                  bits, out32);
+                  bits, mxfp4, out32);
   if (out_type != Scalar::f32) isa.from_f32(out32, out_type, out_count, out);
 }
 

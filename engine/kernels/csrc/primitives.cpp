@@ -1,6 +1,8 @@
 #include "primitives.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <sstream>
@@ -130,36 +132,112 @@ void for_row_shares(const mx::array& x,
   });
 }
 
+// An expert index out of range (a router's bug, or a model file's) is never read: its products
+// are NaN, and stderr says so once. (An exception cannot leave a task on MLX's stream.)
+void note_refused_experts(long pairs, int experts) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  std::fprintf(stderr,
+               "exo-tui kernels: %ld expert products named an expert outside 0..%d or a row "
+               "outside x; their outputs are NaN\n",
+               pairs, experts - 1);
+}
+
 }  // namespace
 
-mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits,
-                           mx::StreamOrDevice s) {
+namespace {
+
+// The weights' format, checked: whether it is MXFP4, and the output's type for x.
+struct QuantizedFormat {
+  bool mxfp4;
+  mx::Dtype out_type;
+};
+
+QuantizedFormat check_quantized(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                const std::optional<mx::array>& biases, int group_size, int bits,
+                                const std::string& mode, int w_ndim) {
+  const bool mxfp4 = mode == "mxfp4";
+  if (mode != "affine" && !mxfp4)
+    throw std::invalid_argument("mode must be 'affine' or 'mxfp4' (MLX's others run on MLX)");
+  if (mxfp4 && (bits != 4 || group_size != 32))
+    throw std::invalid_argument("mxfp4 weights are 4 bits in groups of 32");
   if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("group_size must be 32, 64 or 128");
-  if (w.dtype() != mx::uint32 || w.ndim() != 2)
-    throw std::invalid_argument("w must be a 2-D uint32 array (MLX's packed weights)");
+  if (w.dtype() != mx::uint32 || static_cast<int>(w.ndim()) != w_ndim) {
+    std::ostringstream message;
+    message << "w must be a " << w_ndim << "-D uint32 array (MLX's packed weights)";
+    throw std::invalid_argument(message.str());
+  }
   if (x.ndim() < 1) throw std::invalid_argument("x must have at least one dimension");
-  const int n = w.shape(0);
-  const int k = w.shape(1) * 32 / bits;
+  const int n = w.shape(-2);
+  const int k = w.shape(-1) * 32 / bits;
   if (x.shape(-1) != k) {
     std::ostringstream message;
     message << "x has " << x.shape(-1) << " features but the weights take " << k;
     throw std::invalid_argument(message.str());
   }
-  const mx::Shape groups_shape{n, k / group_size};
-  if (scales.shape() != groups_shape || biases.shape() != groups_shape)
-    throw std::invalid_argument("scales and biases must be [rows, features / group_size]");
-  if (scales.dtype() != biases.dtype())
-    throw std::invalid_argument("scales and biases must share a dtype");
+  mx::Shape groups_shape = w.shape();
+  groups_shape.back() = k / group_size;
+  if (scales.shape() != groups_shape || (biases && biases->shape() != groups_shape))
+    throw std::invalid_argument("scales and biases must be [..., rows, features / group_size]");
   scalar_of(x.dtype(), "x");
+  if (mxfp4) {
+    if (biases) throw std::invalid_argument("mxfp4 weights have no biases");
+    if (scales.dtype() != mx::uint8)
+      throw std::invalid_argument("mxfp4 scales must be uint8 (E8M0)");
+    return {true, x.dtype()};
+  }
+  if (!biases) throw std::invalid_argument("affine weights need their biases");
+  if (scales.dtype() != biases->dtype())
+    throw std::invalid_argument("scales and biases must share a dtype");
   scalar_of(scales.dtype(), "scales");
+  (void)n;
+  return {false, mx::promote_types(x.dtype(), scales.dtype())};
+}
+
+std::vector<mx::array> weight_inputs(const mx::array& w, const mx::array& scales,
+                                     const std::optional<mx::array>& biases) {
+  std::vector<mx::array> inputs{w, scales};
+  if (biases) inputs.push_back(*biases);
+  return inputs;
+}
+
+}  // namespace
+
+mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                           const std::optional<mx::array>& biases, int group_size, int bits,
+                           const std::string& mode, mx::StreamOrDevice s) {
+  const QuantizedFormat format = check_quantized(x, w, scales, biases, group_size, bits, mode, 2);
   mx::Stream stream = cpu_stream(s);
-  const mx::Dtype out_type = mx::promote_types(x.dtype(), scales.dtype());
+  std::vector<mx::array> inputs{mx::astype(x, format.out_type, stream)};
+  for (auto& input : weight_inputs(w, scales, biases)) inputs.push_back(input);
   return mx::array(
-      with_last(x, n), out_type, std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
-      {mx::astype(x, out_type, stream), w, scales, biases});
+      with_last(x, w.shape(0)), format.out_type,
+      std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, format.mxfp4), inputs);
+}
+
+mx::array gather_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                  const std::optional<mx::array>& biases,
+                                  const mx::array& indices, int group_size, int bits,
+                                  const std::string& mode, mx::StreamOrDevice s) {
+  const QuantizedFormat format = check_quantized(x, w, scales, biases, group_size, bits, mode, 3);
+  if (x.ndim() < 2) throw std::invalid_argument("x must be [..., rows, features]");
+  if (!mx::issubdtype(indices.dtype(), mx::integer))
+    throw std::invalid_argument("indices must be integers (the experts' numbers)");
+  mx::Stream stream = cpu_stream(s);
+  const mx::Shape x_batch(x.shape().begin(), x.shape().end() - 2);
+  mx::Shape shape = mx::broadcast_shapes(x_batch, indices.shape());
+  shape.push_back(x.shape(-2));
+  shape.push_back(w.shape(1));
+  // The indices go last: they are read through their strides (a broadcast's view copies
+  // nothing), and negative ones come out out of range as uint32.
+  std::vector<mx::array> inputs{mx::astype(x, format.out_type, stream)};
+  for (auto& input : weight_inputs(w, scales, biases)) inputs.push_back(input);
+  inputs.push_back(mx::astype(indices, mx::uint32, stream));
+  return mx::array(
+      shape, format.out_type,
+      std::make_shared<CpuGatherQuantizedMatmul>(stream, group_size, bits, format.mxfp4), inputs);
 }
 
 mx::array dense_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s) {
@@ -439,23 +517,71 @@ void CpuRmsNorm::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 void CpuQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto [encoder, in] = prepare(stream(), inputs, out);
-  const auto& x = in[0];
-  const auto& w = in[1];
-  const auto& scales = in[2];
-  const auto& biases = in[3];
-  encoder.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
-                    scales = mx::array::unsafe_weak_copy(scales),
-                    biases = mx::array::unsafe_weak_copy(biases),
+  const mx::array none(0.0f);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(in[0]), w = mx::array::unsafe_weak_copy(in[1]),
+                    scales = mx::array::unsafe_weak_copy(in[2]),
+                    biases = mx::array::unsafe_weak_copy(mxfp4_ ? none : in[3]),
                     out = mx::array::unsafe_weak_copy(out), group_size = group_size_,
-                    bits = bits_]() mutable {
+                    bits = bits_, mxfp4 = mxfp4_]() mutable {
     const int n = w.shape(0);
     const int k = x.shape(-1);
     const int rows = k == 0 ? 0 : static_cast<int>(x.size() / k);
     if (rows == 0 || n == 0) return;
     run_quantized_matmul(x.data<void>(), scalar_of(x.dtype(), "x"), rows, k, w.data<uint32_t>(),
-                     scales.data<void>(), biases.data<void>(), scalar_of(scales.dtype(), "scales"),
-                     n, group_size, bits, out.data<void>(), scalar_of(out.dtype(), "out"));
+                         scales.data<void>(), mxfp4 ? nullptr : biases.data<void>(),
+                         mxfp4 ? Scalar::f32 : scalar_of(scales.dtype(), "scales"), n,
+                         group_size, bits, mxfp4, out.data<void>(), scalar_of(out.dtype(), "out"));
   });
+}
+
+void CpuGatherQuantizedMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const std::size_t weights = mxfp4_ ? 2 : 3;
+  auto [encoder, in] = prepare(stream(), inputs, out, 1 + weights);
+  const mx::array none(0.0f);
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(in[0]), w = mx::array::unsafe_weak_copy(in[1]),
+                    scales = mx::array::unsafe_weak_copy(in[2]),
+                    biases = mx::array::unsafe_weak_copy(mxfp4_ ? none : in[3]),
+                    indices = mx::array::unsafe_weak_copy(in[1 + weights]),
+                    out = mx::array::unsafe_weak_copy(out), group_size = group_size_,
+                    bits = bits_, mxfp4 = mxfp4_]() mutable {
+    const int m = x.shape(-2), k = x.shape(-1), n = w.shape(1), experts = w.shape(0);
+    // Each output matrix's row of x and expert, x and the indices broadcast to the output's
+    // batch axes (a size-1 or missing axis repeats).
+    const int batch_axes = static_cast<int>(out.ndim()) - 2;
+    long pairs = 1;
+    for (int a = 0; a < batch_axes; ++a) pairs *= out.shape(a);
+    if (pairs == 0 || m == 0 || n == 0) return;
+    std::vector<uint32_t> xi(static_cast<std::size_t>(pairs)), e(static_cast<std::size_t>(pairs));
+    const int x_axes = static_cast<int>(x.ndim()) - 2, i_axes = static_cast<int>(indices.ndim());
+    const uint32_t* index = indices.data<uint32_t>();
+    for (long t = 0; t < pairs; ++t) {
+      long rest = t, x_at = 0, x_step = 1, i_at = 0;
+      for (int a = batch_axes - 1; a >= 0; --a) {
+        const long at = rest % out.shape(a);
+        rest /= out.shape(a);
+        const int xa = a - (batch_axes - x_axes), ia = a - (batch_axes - i_axes);
+        if (xa >= 0) {
+          if (x.shape(xa) != 1) x_at += at * x_step;
+          x_step *= x.shape(xa);
+        }
+        if (ia >= 0 && indices.shape(ia) != 1) i_at += at * static_cast<long>(indices.strides()[ia]);
+      }
+      xi[static_cast<std::size_t>(t)] = static_cast<uint32_t>(x_at);
+      e[static_cast<std::size_t>(t)] = index[i_at];
+    }
+    const int x_count = k == 0 || m == 0 ? 0 : static_cast<int>(x.size() / (static_cast<std::size_t>(m) * k));
+    const long refused = run_gather_quantized_matmul(
+        x.data<void>(), scalar_of(x.dtype(), "x"), m, k, xi.data(), e.data(),
+        static_cast<int>(pairs), x_count, experts, w.data<uint32_t>(), scales.data<void>(),
+        mxfp4 ? nullptr : biases.data<void>(),
+        mxfp4 ? Scalar::f32 : scalar_of(scales.dtype(), "scales"), n, group_size, bits, mxfp4,
+        out.data<void>(), scalar_of(out.dtype(), "out"));
+    if (refused > 0) note_refused_experts(refused, experts);
+  });
+}
+
+void CpuGatherQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("CpuGatherQuantizedMatmul runs on the CPU only; use mx.gather_qmm");
 }
 
 void CpuQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
@@ -464,7 +590,7 @@ void CpuQuantizedMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool CpuQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const CpuQuantizedMatmul&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && mxfp4_ == o.mxfp4_;
 }
 
 void CpuDenseMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {

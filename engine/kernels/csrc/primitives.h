@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
@@ -11,10 +12,37 @@ namespace exo_kernels {
 
 namespace mx = mlx::core;
 
-// x @ dequantize(w, scales, biases).T, MLX's affine format (4 or 8 bits, groups of 32/64/128).
+// x @ dequantize(w, scales, biases).T: MLX's affine format (4 or 8 bits, groups of 32/64/128,
+// with biases) or its "mxfp4" mode (4 bits, groups of 32, E8M0 scales, no biases).
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
-                           const mx::array& biases, int group_size, int bits,
-                           mx::StreamOrDevice s = {});
+                           const std::optional<mx::array>& biases, int group_size, int bits,
+                           const std::string& mode = "affine", mx::StreamOrDevice s = {});
+
+// mx.gather_qmm(x, w, scales, biases, rhs_indices=indices, transpose=True, ...): x [..., M, K]
+// by the experts `indices` name (broadcast against x's batch axes), in the formats
+// quantized_matmul takes. The output is [*broadcast(x.shape[:-2], indices.shape), M, N].
+mx::array gather_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                  const std::optional<mx::array>& biases,
+                                  const mx::array& indices, int group_size, int bits,
+                                  const std::string& mode = "affine", mx::StreamOrDevice s = {});
+
+class CpuGatherQuantizedMatmul : public mx::UnaryPrimitive {
+ public:
+  CpuGatherQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool mxfp4)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), mxfp4_(mxfp4) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "CpuGatherQuantizedMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const CpuGatherQuantizedMatmul&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && mxfp4_ == o.mxfp4_;
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+  bool mxfp4_;
+};
 
 // x @ w.T with w in bf16, fp16 or fp32.
 mx::array dense_matmul(const mx::array& x, const mx::array& w, mx::StreamOrDevice s = {});
@@ -88,8 +116,8 @@ class CpuDecodeAttention : public mx::UnaryPrimitive {
 
 class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  public:
-  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool mxfp4)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), mxfp4_(mxfp4) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override { return "CpuQuantizedMatmul"; }
@@ -98,6 +126,7 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  private:
   int group_size_;
   int bits_;
+  bool mxfp4_;
 };
 
 class CpuDenseMatmul : public mx::UnaryPrimitive {
