@@ -34,9 +34,25 @@ class ShardSpec(Frozen):
         return self.end_layer - self.start_layer
 
 
+QuantizationMode = Literal["affine", "mxfp4", "mxfp8", "nvfp4"]
+
+
 class Quantization(Frozen):
+    """How a model's weights are packed (mlx-lm's `quantization`: its default for a mixed one)."""
+
     bits: int
     group_size: int
+    mode: QuantizationMode = "affine"
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per weight, the group's scale (and bias) included: affine keeps a 16-bit
+        scale and a 16-bit bias per group; the microscaling modes one 8-bit scale and no bias."""
+        if self.group_size <= 0:
+            return float(self.bits)
+        if self.mode == "affine":
+            return self.bits + 32 / self.group_size
+        return self.bits + 8 / self.group_size
 
 
 class ModelCard(Frozen):
@@ -63,6 +79,10 @@ class ModelCard(Frozen):
     # share): the layers whose weights are here, and the bytes and parameters above are the
     # whole model's, from its index.
     layers_on_disk: tuple[int, ...] | None = None
+    # The bytes of the transformer layers' weights, all layers together (None: not known, the
+    # card of a model not on disk). The rest of bytes_on_disk is outside the layers (embeddings,
+    # final norm, head).
+    bytes_in_layers: int | None = None
 
     @property
     def partial_note(self) -> str | None:

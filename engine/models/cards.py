@@ -8,7 +8,7 @@ import importlib.metadata
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from engine.errors import ModelFormatError, ModelNotFoundError
 from engine.models import locations
@@ -22,12 +22,13 @@ from engine.models.safetensors import (
 )
 from engine.models.weights import (
     index_total_size,
+    layer_of,
     layers_present,
     read_json_object,
     safetensors_files,
     weight_index,
 )
-from engine.types import ModelCard, ModelSource, Quantization
+from engine.types import ModelCard, ModelSource, Quantization, QuantizationMode
 
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
 
@@ -53,6 +54,9 @@ _CONTEXT_KEYS = (
     "n_ctx",
     "model_max_length",
 )
+
+
+_QUANTIZATION_MODES = get_args(QuantizationMode)
 
 
 # Any one of these makes a folder's tokenizer loadable by transformers / mlx-lm.
@@ -109,12 +113,15 @@ def read_card(path: Path, source: ModelSource = "path", *, name: str | None = No
     num_parameters = _count_parameters(tensors, config, quantization)
     index = weight_index(path)
     layers_on_disk = layers_present(path, index, num_layers) if index is not None else None
+    bytes_in_layers = _bytes_in_layers(tensors, num_layers, layers_on_disk)
     if index is not None and layers_on_disk is not None:
         # A pipeline share of a download: the card describes the whole model.
         total = index_total_size(index)
         if total is not None and bytes_on_disk:
             num_parameters = num_parameters * total // bytes_on_disk
             bytes_on_disk = total
+    if bytes_in_layers is not None:
+        bytes_in_layers = min(bytes_in_layers, bytes_on_disk)
 
     _check_tokenizer(path)
 
@@ -139,7 +146,25 @@ def read_card(path: Path, source: ModelSource = "path", *, name: str | None = No
         supports_tensor=supports_tensor,
         tensor_unsupported_reason=reason,
         layers_on_disk=layers_on_disk,
+        bytes_in_layers=bytes_in_layers,
     )
+
+
+def _bytes_in_layers(
+    tensors: dict[str, TensorInfo], num_layers: int, layers_on_disk: tuple[int, ...] | None
+) -> int | None:
+    """The bytes of every transformer layer's weights, from the headers read. Of a pipeline
+    share, the layers on disk stand for all (a model's layers are alike); None when none is."""
+    sizes: dict[int, int] = {}
+    for name, tensor in tensors.items():
+        layer = layer_of(name)
+        if layer is not None and (layers_on_disk is None or layer in layers_on_disk):
+            sizes[layer] = sizes.get(layer, 0) + tensor.nbytes
+    if layers_on_disk is None:
+        return sum(sizes.values())
+    if not sizes:
+        return None
+    return sum(sizes.values()) * num_layers // len(sizes)
 
 
 def _text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -244,10 +269,11 @@ def _quantization(config: dict[str, Any]) -> Quantization | None:
             continue
         q = cast(dict[str, Any], raw)
         bits = as_int(q.get("bits"))
-        if bits is None:
-            method: object = q.get("quant_method") or q.get("format") or ""
-            if isinstance(method, str) and "fp8" in method.lower():
-                bits = 8
+        method: object = q.get("quant_method") or q.get("format") or ""
+        if bits is None and method == "mxfp4":  # gpt-oss as OpenAI publishes it
+            return Quantization(bits=4, group_size=32, mode="mxfp4")
+        if bits is None and isinstance(method, str) and "fp8" in method.lower():
+            bits = 8
         if bits is None or bits <= 0:
             continue
         group = as_int(q.get("group_size"))
@@ -255,7 +281,14 @@ def _quantization(config: dict[str, Any]) -> Quantization | None:
             block: object = q.get("weight_block_size")
             if isinstance(block, list) and block:
                 group = as_int(cast(list[object], block)[-1])
-        return Quantization(bits=bits, group_size=group if group and group > 0 else default_group)
+        mode: object = q.get("mode")
+        if mode not in _QUANTIZATION_MODES:
+            mode = "affine"
+        return Quantization(
+            bits=bits,
+            group_size=group if group and group > 0 else default_group,
+            mode=cast(QuantizationMode, mode),
+        )
     return None
 
 

@@ -38,6 +38,7 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors spec's own limit
 class TensorInfo:
     dtype: str
     shape: tuple[int, ...]
+    nbytes: int = 0  # its data's bytes in the file
 
 
 def as_int(value: object) -> int | None:
@@ -120,9 +121,10 @@ def _tensor_info(entry: object) -> tuple[TensorInfo, int] | None:
     ends = [as_int(o) for o in cast(list[object], offsets)]
     if any(d is None for d in dims) or any(o is None for o in ends):
         return None
-    return TensorInfo(dtype, tuple(d for d in dims if d is not None)), max(
-        o for o in ends if o is not None
-    )
+    start, end = (o for o in ends if o is not None)
+    if not 0 <= start <= end:
+        return None
+    return TensorInfo(dtype, tuple(d for d in dims if d is not None), end - start), end
 
 
 def numel(shape: tuple[int, ...]) -> int:

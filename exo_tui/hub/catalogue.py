@@ -12,12 +12,11 @@ from typing import Literal, Self
 
 from pydantic import Field, ValidationError, model_validator
 
-from engine.types import Frozen, ModelCard, Quantization
+from engine.types import Frozen, ModelCard, Quantization, QuantizationMode
 from exo_tui.hub.cache import repo_folder
 from exo_tui.hub.errors import HubError
 
-ToolFormat = Literal["json_tools", "mistral", "harmony", "llama3_json", "none"]
-QuantizationMode = Literal["affine", "mxfp4"]
+ToolFormat = Literal["json_tools", "qwen3_coder", "mistral", "harmony", "llama3_json", "none"]
 
 
 class CatalogueError(HubError):
@@ -31,6 +30,8 @@ class CatalogueEntry(Frozen):
     family: str
     model_type: str
     parameters: int = Field(gt=0)
+    # A mixture of experts': what one token's pass reads (see catalogue.toml's header).
+    active_parameters: int | None = Field(default=None, gt=0)
     layers: int = Field(gt=0)
     hidden_size: int = Field(gt=0)
     intermediate_size: int = Field(gt=0)
@@ -45,6 +46,10 @@ class CatalogueEntry(Frozen):
     bits: int = Field(gt=0, le=16)
     group_size: int = Field(gt=0)
     quantization_mode: QuantizationMode = "affine"
+    # Where the experts are quantized otherwise than the rest (gpt-oss: MXFP4 experts, 8-bit
+    # rest): the bits and group of every other linear, the embeddings and the head (affine).
+    rest_bits: int | None = Field(default=None, gt=0, le=16)
+    rest_group_size: int | None = Field(default=None, gt=0)
     context_length: int = Field(gt=0)
     reasoning: bool
     tool_format: ToolFormat
@@ -63,6 +68,12 @@ class CatalogueEntry(Frozen):
             )
         if (self.experts == 0) != (self.active_experts == 0) or self.active_experts > self.experts:
             raise ValueError("experts and active_experts must both be set, active <= experts")
+        if self.experts == 0 and self.active_parameters is not None:
+            raise ValueError("active_parameters is for a mixture of experts (experts > 0)")
+        if self.active_parameters is not None and self.active_parameters > self.parameters:
+            raise ValueError("active_parameters is more than parameters")
+        if (self.rest_bits is None) != (self.rest_group_size is None):
+            raise ValueError("rest_bits and rest_group_size go together")
         return self
 
     @property
@@ -74,11 +85,28 @@ class CatalogueEntry(Frozen):
         return self.head_dim if self.head_dim is not None else self.hidden_size // self.heads
 
     @property
+    def quantization(self) -> Quantization:
+        """The model's quantization (of its experts, where the rest differs)."""
+        return Quantization(bits=self.bits, group_size=self.group_size, mode=self.quantization_mode)
+
+    @property
     def bits_per_weight(self) -> float:
         """Stored bits per quantized weight, the per-group scale (and bias) included."""
-        if self.quantization_mode == "mxfp4":
-            return self.bits + 8 / self.group_size  # one 8-bit shared exponent per group
-        return self.bits + 32 / self.group_size  # a 16-bit scale and a 16-bit bias per group
+        return self.quantization.bits_per_weight
+
+    @property
+    def rest_bits_per_weight(self) -> float:
+        """Stored bits per weight outside the experts: the embeddings, head and attention."""
+        if self.rest_bits is None or self.rest_group_size is None:
+            return self.bits_per_weight
+        return Quantization(bits=self.rest_bits, group_size=self.rest_group_size).bits_per_weight
+
+    @property
+    def bytes_outside_layers(self) -> int:
+        """Embeddings (and an untied head) at their stored bits, and the final norm (16-bit)."""
+        matrices = 1 if self.tied_embeddings else 2
+        embeddings = matrices * self.vocab_size * self.hidden_size * self.rest_bits_per_weight / 8
+        return int(embeddings) + 2 * self.hidden_size
 
 
 class _CatalogueFile(Frozen):
@@ -163,10 +191,11 @@ def entry_card(entry: CatalogueEntry) -> ModelCard:
         head_dim=entry.attention_head_dim,
         vocab_size=entry.vocab_size,
         context_length=entry.context_length,
-        quantization=Quantization(bits=entry.bits, group_size=entry.group_size),
+        quantization=entry.quantization,
         dtype="bfloat16",
         bytes_on_disk=entry.bytes,
         num_parameters=entry.parameters,
         supports_tensor=entry.tensor,
         tensor_unsupported_reason=reason,
+        bytes_in_layers=max(0, entry.bytes - entry.bytes_outside_layers),
     )

@@ -4,11 +4,13 @@
 
 How the bytes a node needs are estimated (from the card alone, nothing is loaded):
 
-- *Weights outside the layers* (embeddings, final norm, head): one ``vocab x hidden`` matrix at
-  the card's bytes per parameter. A card does not say whether the head is tied to the
-  embeddings, so one matrix is counted; an untied head then lands in the per-layer share
-  instead, and the total over one node is always exactly ``bytes_on_disk``. Every rank holds
-  these weights (mlx-lm keeps them on every pipeline and tensor rank), so every shard counts them.
+- *Weights outside the layers* (embeddings, final norm, head): ``bytes_on_disk`` less the
+  card's ``bytes_in_layers``, which a card read from disk has from its safetensors headers (an
+  untied head and 8-bit embeddings beside 4-bit experts are then counted as they are). A card
+  without it counts one ``vocab x hidden`` matrix at the card's stored bits per weight (its
+  quantization's scales included): an untied head then lands in the per-layer share instead.
+  Either way the total over one node is exactly ``bytes_on_disk``. Every rank holds these
+  weights (mlx-lm keeps them on every pipeline and tensor rank), so every shard counts them.
 - *Layer weights*: ``bytes_on_disk`` minus the above, split evenly over the layers. A pipeline
   shard holds its layers' share; a tensor shard holds ``1/N`` of every layer.
 - *KV-cache headroom* for the chosen context (capped at the model's own context length):
@@ -160,10 +162,9 @@ class PlacementError(Frozen):
 
 
 def weight_bytes_per_param(card: ModelCard) -> float:
-    """Bytes per weight as stored: quantized bits plus a 16-bit scale and bias per group."""
+    """Bytes per weight as stored: quantized bits and the groups' scales (and biases)."""
     if card.quantization is not None:
-        q = card.quantization
-        return q.bits / 8 + (4 / q.group_size if q.group_size > 0 else 0)
+        return card.quantization.bits_per_weight / 8
     match card.dtype:
         case "float32":
             return 4
@@ -176,7 +177,10 @@ def weight_bytes_per_param(card: ModelCard) -> float:
 
 
 def non_layer_bytes(card: ModelCard) -> int:
-    """Embeddings, final norm and head: one vocab x hidden matrix, never more than the model."""
+    """Embeddings, final norm and head: what the card's layers leave of the model, or else one
+    vocab x hidden matrix; never more than the model."""
+    if card.bytes_in_layers is not None:
+        return max(0, card.bytes_on_disk - card.bytes_in_layers)
     estimate = int(card.vocab_size * card.hidden_size * weight_bytes_per_param(card))
     return max(0, min(card.bytes_on_disk, estimate))
 
