@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test lint typecheck bench bench-kernels screenshots clean
+.PHONY: run test lint typecheck bench bench-kernels bench-moe screenshots clean
 
 # The CPU kernels (engine/kernels) compile at install: editing them reinstalls.
 KERNEL_SOURCES := setup.py engine/kernels/CMakeLists.txt $(wildcard engine/kernels/csrc/*)
@@ -41,6 +41,11 @@ bench: $(VENV)/.dev
 # The CPU kernels against plain mlx-lm and llama.cpp (built once by bench/llama_cpp.py).
 bench-kernels: $(VENV)/.bench
 	$(PY) bench/cpu_kernels.py
+
+# Mixtures of experts (Qwen3-30B-A3B's and gpt-oss-20b's shapes, full depth: ~58 GB of disk the
+# first time) against plain mlx-lm and llama.cpp; options in MOE_ARGS, e.g. MOE_ARGS="--layers 8".
+bench-moe: $(VENV)/.bench
+	$(PY) bench/moe.py $(MOE_ARGS)
 
 screenshots: $(VENV)/.dev
 	$(PY) scripts/screenshots.py

@@ -21,19 +21,30 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import re
 import shutil
 import statistics
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench import common  # noqa: E402
+from bench.common import (  # noqa: E402  (read_bandwidth: bench/batch_bound.py takes it from here)
+    add_stand_in_vocab,
+    engine_first,
+    figure,
+    last_level_cache_bytes,
+    next_logits,
+    prompt_tokens,
+    ratio,
+    read_bandwidth,
+    summary,
+    worker_model,
+)
 
 # Llama-3.2-1B's shape. The rope is plain (no llama3 frequency scaling): speed does not depend
 # on the frequencies, and llama.cpp would need a rope_freqs tensor for the scaled one.
@@ -70,12 +81,6 @@ GGUF_NAMES = {"bf16": ("model-f16.gguf", "F16"), "q4": ("model-q4_0.gguf", "Q4_0
 
 
 # --------------------------------------------------------------------------- the models
-
-
-def engine_first() -> None:
-    """Import the engine before MLX in a worker: it preloads the system OpenBLAS, which MLX
-    binds to only if it is loaded before `mlx.core`."""
-    import engine  # noqa: F401
 
 
 def shape_from_args(args: argparse.Namespace) -> dict[str, int]:
@@ -201,21 +206,7 @@ def build_gguf_f16(source: Path, target: Path, shape: dict[str, int]) -> None:
     writer.add_rope_dimension_count(shape["hidden_size"] // heads)
     writer.add_vocab_size(shape["vocab_size"])
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    # llama-bench feeds random token ids, but llama.cpp loads a vocabulary of the embedding's
-    # size: a SentencePiece one of <unk> <s> </s>, the 256 byte tokens and filler pieces.
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    types += [gguf.TokenType.BYTE] * 256
-    fillers = shape["vocab_size"] - len(tokens)
-    tokens += [f"\u2581t{i}" for i in range(fillers)]
-    types += [gguf.TokenType.NORMAL] * fillers
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0, 0.0, 0.0, *([0.0] * 256), *(-float(i) for i in range(fillers))])
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    add_stand_in_vocab(writer, shape["vocab_size"])
 
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, layers)
     weights = mx.load(str(source / "model.safetensors"))
@@ -299,97 +290,13 @@ def ensure_models(shape: dict[str, int], folder: Path, threads: int) -> dict[str
 # --------------------------------------------------------------------------- model workers
 
 
-def prompt_tokens(n: int, vocab_size: int, seed: int = SEED) -> Any:
-    """`n` random token ids (llama-bench measures on random tokens too), shaped (1, n)."""
-    import mlx.core as mx
-    import numpy as np
-
-    ids = np.random.default_rng(seed + n).integers(0, vocab_size, size=(1, n), dtype=np.int32)
-    return mx.array(ids)
-
-
-def next_logits(model: Any, tokens: Any, cache: list[Any] | None) -> Any:
-    """The logits of the token after `tokens`: the whole forward pass over `tokens`, the head on
-    the last position only (as llama.cpp and mlx-lm's generate compute it)."""
-    hidden = model.model(tokens, cache=cache)[:, -1:, :]
-    tied = model.args.tie_word_embeddings
-    head = model.model.embed_tokens.as_linear if tied else model.lm_head
-    return head(hidden)[0, -1]
-
-
-def worker_model(
-    kind: str, folder: str, prompts: list[int], decode_tokens: int, vocab_size: int
-) -> dict[str, Any]:
-    """Prefill tok/s of each prompt, each into a fresh KV cache, then decode tok/s of
-    `decode_tokens` greedy steps of mlx-lm's generate_step after the first prompt, in one
-    process."""
-    if kind == "mlx_lm":
-        import mlx.core as mx
-        from mlx_lm import load
-
-        model = load(folder)[0]
-        kernels = "mlx (plain mlx-lm)"
-    else:
-        engine_first()
-        import mlx.core as mx
-
-        from engine import kernels as engine_kernels
-        from engine.kernels import routing
-        from engine.loading import load_model_sync
-
-        model = load_model_sync(folder).model
-        routing.install(model)  # harmless where the loader routed already
-        kernels = engine_kernels.describe()
-    from mlx_lm.generate import generate_step
-    from mlx_lm.models.cache import make_prompt_cache
-
-    def greedy(tokens: Any, cache: list[Any]) -> Any:
-        y = mx.argmax(next_logits(model, tokens, cache), axis=-1)
-        mx.eval(y)
-        return y
-
-    # A warm-up step: the first call allocates MLX's buffers and the kernels' threads.
-    greedy(prompt_tokens(1, vocab_size, seed=SEED + 1), make_prompt_cache(model))
-    prefill_tps: dict[str, float] = {}
-    decode_tps = 0.0
-    for index, n in enumerate(prompts):
-        cache = make_prompt_cache(model)
-        started = time.perf_counter()
-        y = greedy(prompt_tokens(n, vocab_size), cache)
-        prefill_tps[str(n)] = n / (time.perf_counter() - started)
-        if index == 0:
-            # Decoding as the app decodes: mlx-lm's generate_step, which builds each step's
-            # graph while the one before computes.
-            steps = generate_step(
-                y.reshape(-1), model, prompt_cache=cache, max_tokens=decode_tokens,
-                sampler=lambda logits: mx.argmax(logits, axis=-1),
-            )  # fmt: skip
-            started = time.perf_counter()
-            decoded = sum(1 for _ in steps)
-            decode_tps = decoded / (time.perf_counter() - started)
-    return {"prefill_tps": prefill_tps, "decode_tps": decode_tps, "kernels": kernels}
-
-
 def llama_bench(
     bin_dir: Path, model: Path, threads: int, prompts: list[int], rounds: int
 ) -> dict[str, Any]:
     """llama-bench's averages. --repack 0: the CPU repacking of Q4_0 (into interleaved blocks)
     crashed on this machine, and the engine reads its weights as stored too."""
-    command = [str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads),
-               "-p", ",".join(map(str, prompts)), "-n", str(DECODE_TOKENS),
-               "-r", str(rounds), "--repack", "0", "-o", "json"]  # fmt: skip
-    out = subprocess.run(command, capture_output=True, text=True)
-    if out.returncode != 0:
-        tail = "\n".join(out.stderr.strip().splitlines()[-5:])
-        return {"error": f"llama-bench exited with {out.returncode}: {tail}"}
-    results = json.loads(out.stdout)
-    prefill = {str(r["n_prompt"]): r["avg_ts"] for r in results if r["n_gen"] == 0}
-    decode = [r["avg_ts"] for r in results if r["n_prompt"] == 0 and r["n_gen"] > 0]
-    return {
-        "prefill_tps": prefill,
-        "decode_tps": decode[0] if decode else None,
-        "build": f"{results[0].get('build_commit', '?')} on {results[0].get('cpu_info', '?')}",
-    }
+    options = ["--repack", "0"]
+    return common.llama_bench(bin_dir, model, threads, prompts, DECODE_TOKENS, rounds, options)
 
 
 # --------------------------------------------------------------------------- kernels alone
@@ -456,59 +363,11 @@ def worker_kernels(shape: dict[str, int], rotate_bytes: int, min_seconds: float)
     return {"kernels": kernels.describe(), "results": results}
 
 
-def read_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5) -> dict[int, float]:
-    """Bytes/s numpy reads summing an `nbytes` array, with 1 thread and with `threads` threads
-    (each summing its share: numpy's sum is single-threaded and releases the GIL)."""
-    import numpy as np
-
-    data = np.ones(nbytes // 4, dtype=np.float32)  # written once, so every page is mapped
-    out: dict[int, float] = {}
-    for count in sorted({1, threads}):
-        parts = np.array_split(data, count)
-        with ThreadPoolExecutor(count) as pool:
-            laps: list[float] = []
-            for _ in range(repeats):
-                started = time.perf_counter()
-                list(pool.map(np.sum, parts))
-                laps.append(time.perf_counter() - started)
-        out[count] = nbytes / statistics.median(laps)
-    return out
-
-
-def last_level_cache_bytes() -> int | None:
-    """The L3 (or largest) cache lscpu reports, in bytes."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    found = re.finditer(r"^L\d\w* cache:\s+([\d.]+)\s*([KMG])i?B", text, re.MULTILINE)
-    sizes = [float(m[1]) * units[m[2]] for m in found]
-    return int(max(sizes)) if sizes else None
-
-
 # --------------------------------------------------------------------------- running
 
 
-def worker_env(threads: int, kind: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(EXO_TUI_KERNEL_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-    if kind == "mlx_lm":
-        env["EXO_TUI_KERNELS"] = "mlx"
-    return env
-
-
 def run_worker(kind: str, payload: dict[str, Any], threads: int) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", kind, "--payload", json.dumps(payload)],
-        capture_output=True,
-        text=True,
-        env=worker_env(threads, kind),
-    )
-    if out.returncode != 0:
-        sys.stderr.write(out.stdout[-2000:] + out.stderr[-4000:])
-        raise SystemExit(f"the {kind} worker failed (exit {out.returncode})")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return common.run_worker(__file__, kind, payload, threads)
 
 
 def run_as_worker(kind: str, payload: dict[str, Any]) -> None:
@@ -520,14 +379,6 @@ def run_as_worker(kind: str, payload: dict[str, Any]) -> None:
         result = worker_model(kind, payload["folder"], payload["prompts"],
                               payload["decode_tokens"], payload["vocab_size"])  # fmt: skip
     print(json.dumps(result))
-
-
-def ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}x" if a and b else "-"
-
-
-def figure(value: float | None) -> str:
-    return f"{value:.1f}" if value else "-"
 
 
 def main() -> None:
@@ -611,13 +462,6 @@ def main() -> None:
         print(f"{variant} llama.cpp {GGUF_NAMES[variant][1]}: {summary(result)}", flush=True)
 
     print_tables(runs, kernel_rows, bandwidth[threads], threads, kernels_line, args)
-
-
-def summary(result: dict[str, Any]) -> str:
-    if "error" in result:
-        return result["error"]
-    prefill = ", ".join(f"{n}: {tps:.1f}" for n, tps in result["prefill_tps"].items())
-    return f"prefill tok/s {prefill}; decode {figure(result['decode_tps'])} tok/s"
 
 
 def print_tables(
