@@ -22,6 +22,7 @@ from engine.kernels import routing
 from engine.loading import LoadedModel
 from engine.parsers import tool_schema
 from engine.prefill import MAX_STEP, Agree, PrefillPace, feed, prefill_steps, timed_feed
+from engine.prompt_cache import trims_at_any_length
 from engine.sampling import Sampler, request_sampler
 from engine.types import ChatRequest, Chunk, Message, PrefillProgress
 
@@ -355,6 +356,9 @@ def _no_steps(size: int) -> int:
 # Two different endings of the next message: what their renderings share is what the next turn
 # starts with, whatever the user goes on to type.
 _PROBES = ("a", "z")
+# What the user may type after a draft: what the renderings of the draft with each share is the
+# part of it that the message sent will start with.
+_DRAFT_PROBES = ("a", " z", ".", "\n")
 PREFILL_CHUNK = 64  # tokens per step of the next-turn prefill at most; a cancel waits one step
 
 
@@ -365,25 +369,25 @@ def next_turn_prefix(loaded: LoadedModel, request: ChatRequest, draft: str = "")
     from what was generated: templates drop reasoning from earlier answers, and text does not
     always re-tokenize to the same ids), up to where the next message begins. With one (what
     the user has typed so far): the whole turn as it would be sent now. When the user types on,
-    the next take trims what no longer matches, in place, so guessing costs nothing.
+    the next take trims what no longer matches, in place, so guessing costs nothing. A model
+    whose caches cannot be cut back (a sliding window's, once rotated) gets only the part of
+    the draft that the message will start with whatever comes next, so the turn sent continues
+    the cache.
     """
-    if draft.strip():
-        sent_now = Message(role="user", content=draft)
+
+    def sent_with(text: str) -> list[int]:
+        message = Message(role="user", content=text)
         return render_prompt(
-            loaded, request.model_copy(update={"messages": (*request.messages, sent_now)})
+            loaded, request.model_copy(update={"messages": (*request.messages, message)})
         )
-    renders = [
-        render_prompt(
-            loaded,
-            request.model_copy(
-                update={"messages": (*request.messages, Message(role="user", content=probe))}
-            ),
-        )
-        for probe in _PROBES
-    ]
+
+    if draft.strip() and trims_at_any_length(loaded.model):
+        return sent_with(draft)
+    probes = [draft + probe for probe in _DRAFT_PROBES] if draft.strip() else _PROBES
+    renders = [sent_with(probe) for probe in probes]
     shared = 0
-    for first, second in zip(*renders, strict=False):
-        if first != second:
+    for tokens in zip(*renders, strict=False):
+        if any(token != tokens[0] for token in tokens):
             break
         shared += 1
     return renders[0][:shared]

@@ -23,7 +23,9 @@ from typing import Any
 
 import psutil
 from mlx_lm.models.cache import (
+    KVCache,
     LRUPromptCache,
+    QuantizedKVCache,
     can_trim_prompt_cache,
     make_prompt_cache,
     trim_prompt_cache,
@@ -35,6 +37,13 @@ _MODEL_KEY = "model"
 # Past what a request shares with an entry, at most this many tokens (and no more than it
 # shares) are trimmed away in place.
 TRIM_IN_PLACE_TOKENS = 64
+
+
+def trims_at_any_length(model: Any) -> bool:
+    """Whether every layer's cache can be cut back to any length. A sliding window's
+    (mlx-lm's RotatingKVCache, gpt-oss's every other layer) cannot once it has rotated: a
+    cache past it serves only prompts that continue all of it."""
+    return all(isinstance(c, KVCache | QuantizedKVCache) for c in make_prompt_cache(model))
 
 
 class _TakingPromptCache(LRUPromptCache):

