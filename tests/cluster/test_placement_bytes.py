@@ -7,7 +7,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import pytest
@@ -43,7 +43,7 @@ def headers(folder: Path) -> int:
 
 
 def held(parameters: Any) -> int:
-    arrays: list[tuple[str, mx.array]] = tree_flatten(parameters)
+    arrays = cast("list[tuple[str, mx.array]]", tree_flatten(parameters))
     return sum(a.nbytes for _, a in arrays)
 
 
