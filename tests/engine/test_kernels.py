@@ -18,7 +18,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,109 +25,29 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engine import kernels
 from engine.kernels import routing
 from engine.loading import load_model_sync
 from engine.models.locations import bundled_demo_dir
+from tests.engine.kernel_checks import (
+    FLOATS,
+    PROPERTIES,
+    ROUNDING,
+    SMALLEST,
+    assert_close,
+    ext,
+    greedy_logits,
+    integer_x_rounding,
+    promoted,
+    quantized_copy,
+    weights,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.describe())
-
-# Each instruction set; "+amx" also runs bf16 x by 4-bit weights (a few rows of x: on the 8-bit
-# tiles where the CPU has AMX-INT8, else on the bf16 ones) and bf16 by bf16 (from 16 rows) on AMX
-# tiles; "+amx-bf16" runs every few rows of 4-bit products (from 3) on the bf16 tiles.
-ISAS = [
-    name
-    for name in (
-        "avx512bf16+amx",
-        "avx512bf16+amx-bf16",
-        "avx512bf16",
-        "avx512",
-        "avx2",
-        "portable",
-    )
-    if kernels.available()
-]
-ROUNDING = {mx.float32: 0.0, mx.bfloat16: 2.0**-8, mx.float16: 2.0**-11}
-# The spacing of the type's smallest (subnormal) values: below it rounding is absolute.
-SMALLEST = {mx.float32: 0.0, mx.bfloat16: 0.0, mx.float16: 2.0**-24}
-FLOATS = [mx.float32, mx.bfloat16, mx.float16]
-PROPERTIES = settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
-
-
-def ext() -> Any:
-    module = kernels.extension()
-    assert module is not None
-    return module
-
-
-@pytest.fixture(params=ISAS)
-def isa(request: pytest.FixtureRequest) -> Iterator[str]:
-    """Each instruction set the CPU runs, in turn; the best one again afterwards."""
-    best, int8_tiles, bf16_tiles = (
-        ext().isa(),
-        ext().amx_int8_min_rows(),
-        ext().amx_small_min_rows(),
-    )
-    name, _, tiles = request.param.partition("+")
-    if not ext().isa_supported(name):
-        pytest.skip(f"this CPU does not run {name}")
-    ext().set_amx(bool(tiles))
-    if tiles and not ext().amx():
-        ext().set_amx(True)
-        pytest.skip("this CPU has no AMX tiles")
-    if tiles == "amx-bf16":
-        ext().set_amx_int8_min_rows(1 << 30)
-        ext().set_amx_small_min_rows(3)
-    assert ext().use_isa(name)
-    yield request.param
-    ext().use_isa(best)
-    ext().set_amx(True)
-    ext().set_amx_int8_min_rows(int8_tiles)
-    ext().set_amx_small_min_rows(bf16_tiles)
-
-
-def assert_close(
-    got: mx.array, expected: mx.array, bound: mx.array, dtype: mx.Dtype, x_rounding: Any = 0.0
-) -> None:
-    """`got` within accumulation-order differences (`bound` = sum |x w|), dtype rounding and,
-    where the kernel rounds x to integers, `x_rounding` (see `integer_x_rounding`)."""
-    assert got.shape == expected.shape
-    difference = mx.abs(got.astype(mx.float32) - expected)
-    allowed = (
-        1e-5 * bound + x_rounding + ROUNDING[dtype] * mx.abs(expected) + SMALLEST[dtype] + 1e-30
-    )
-    worst = float(mx.max(difference / allowed))
-    assert worst <= 1.0, f"off by {worst:.2f}x the tolerance"
-
-
-def integer_x_rounding(isa: str, x32: mx.array, dense: mx.array) -> mx.array | float:
-    """The most that x's integers (bf16 x by 4-bit weights on AVX512-BF16) move each output: the
-    sum over k of |w_k| times half of x_k's step. One row of x (or k not a multiple of 256)
-    takes 16-bit integers, a step the largest magnitude of its 32 values / 32767; several rows
-    take 8-bit ones, a step the largest of its 64 values / 127. 0 on the other instruction
-    sets, which take x as it is."""
-    if not isa.startswith("avx512bf16"):
-        return 0.0
-    k = x32.shape[-1]
-    rows = x32.size // k
-    block, top = (64, 127) if rows >= ext().int8_min_rows() and k % 256 == 0 else (32, 32767)
-    groups = mx.max(mx.abs(x32.reshape(-1, k // block, block)), axis=-1) / top / 2
-    half_steps = mx.repeat(groups, block, axis=-1).reshape(x32.shape)
-    return half_steps @ mx.abs(dense).T
-
-
-def promoted(a: mx.Dtype, b: mx.Dtype) -> mx.Dtype:
-    return (mx.zeros(1, dtype=a) + mx.zeros(1, dtype=b)).dtype
-
-
-def weights(rows: int, k: int, seed: int) -> mx.array:
-    return mx.random.normal((rows, k), key=mx.random.key(seed)) * 0.05
 
 
 def maybe_strided(x: mx.array, strided: bool) -> mx.array:
@@ -318,8 +237,8 @@ def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
                 x[rows - 1, 200] = bad
             else:
                 (scales if field == "scales" else biases)[7, 1] = bad
-            dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), 64, bits)
-            expected = x.astype(mx.float32) @ dense.T
+            # MLX's own product: it dequantizes in x's type, where a weight may round to 0.
+            expected = mx.quantized_matmul(x, w, scales, biases, True, 64, bits)
             got = kernels.quantized_matmul(x, w, scales, biases, 64, bits)
             assert mx.array_equal(mx.isnan(got), mx.isnan(expected)), (bits, field, rows)
             assert mx.array_equal(mx.isinf(got), mx.isinf(expected)), (bits, field, rows)
@@ -662,22 +581,6 @@ def test_an_instruction_set_the_cpu_lacks_is_never_chosen() -> None:
 # ------------------------------------------------------------------------------ whole models
 
 
-def quantized_copy(
-    source: Path, folder: Path, bits: int, group_size: int, mode: str = "affine"
-) -> Path:
-    from mlx_lm import convert
-
-    convert(
-        str(source),
-        mlx_path=str(folder),
-        quantize=True,
-        q_bits=bits,
-        q_group_size=group_size,
-        q_mode=mode,
-    )
-    return folder
-
-
 @pytest.fixture(scope="module")
 def kernel_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A llama 256 wide (so groups of 128 fit) and a qwen3, quantized and in bf16."""
@@ -695,24 +598,6 @@ def kernel_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qwen3-q4-g32": quantized_copy(qwen3, root / "qwen3-q4", 4, 32),
         "llama-bf16": root / "llama-bf16",
     }
-
-
-def greedy_logits(
-    model: nn.Module, prompt: list[int], steps: int
-) -> tuple[list[int], list[mx.array]]:
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    tokens: list[int] = []
-    logits: list[mx.array] = []
-    step = mx.array(prompt)[None]
-    for _ in range(steps):
-        out = model(step, cache=cache)[0, -1].astype(mx.float32)
-        mx.eval(out)
-        logits.append(out)
-        tokens.append(int(mx.argmax(out)))
-        step = mx.array([[tokens[-1]]])
-    return tokens, logits
 
 
 # How far the logits may move, as a share of the largest: bf16's activations round at every

@@ -62,9 +62,9 @@ inline uint16_t float_to_f16(float f) {
   return static_cast<uint16_t>(sign | (rounded >> 13));
 }
 
-// An E8M0 scale (MXFP4's): 2^(e - 127), NaN for 255.
+// An E8M0 scale (MXFP4's): 2^(e - 127); 255, which the format reserves for NaN, overflows to
+// infinity as MLX computes it.
 inline float e8m0_to_float(uint8_t e) {
-  if (e == 255) return bits_float(0x7fc00000u);
   return bits_float(e == 0 ? 0x00400000u : static_cast<uint32_t>(e) << 23);
 }
 

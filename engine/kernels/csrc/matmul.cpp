@@ -94,6 +94,16 @@ float scalar_at(const void* values, Scalar type, std::size_t i) {
   return 0.0f;
 }
 
+// `v` rounded to `type`, as MLX's arithmetic in that type rounds each result.
+float rounded(Scalar type, float v) {
+  switch (type) {
+    case Scalar::f32: return v;
+    case Scalar::bf16: return bf16_to_float(float_to_bf16(v));
+    case Scalar::f16: return f16_to_float(float_to_f16(v));
+  }
+  return v;
+}
+
 // The kernels factor each group's sum as scale * sum(q * x) + bias * sum(x). Where a scale, a
 // bias or x is not finite, MLX's own product, which dequantizes each weight first, can give NaN
 // where the factored one gives an infinity: any output that is not finite is computed again the
@@ -114,14 +124,28 @@ void redo_non_finite(const Isa& isa, const float* x, const void* x_in, Scalar x_
       float& value = out[static_cast<std::size_t>(m) * n + j];
       if (std::isfinite(value)) continue;
       float total = 0.0f;
+      if (mxfp4) {  // as MLX: each group's sum of code value times x, then times its scale
+        for (int g = 0; g < groups; ++g) {
+          float sum = 0.0f;
+          for (int i = g * group_size; i < (g + 1) * group_size; ++i) {
+            const uint8_t byte = bytes[static_cast<std::size_t>(j) * row_bytes + i / 2];
+            sum += e2m1_to_float(i % 2 == 0 ? byte & 15 : byte >> 4) *
+                   x[static_cast<std::size_t>(m) * k + i];
+          }
+          const uint8_t e = static_cast<const uint8_t*>(scales)[static_cast<std::size_t>(j) * groups + g];
+          total += sum * e8m0_to_float(e);
+        }
+        value = total;
+        continue;
+      }
+      // MLX dequantizes each weight in x's type, rounding the product and the sum: a weight
+      // that rounds to 0 there makes an infinite x NaN.
       for (int i = 0; i < k; ++i) {
         const uint8_t byte = bytes[static_cast<std::size_t>(j) * row_bytes + i * bits / 8];
         const int q = bits == 4 ? (i % 2 == 0 ? byte & 15 : byte >> 4) : byte;
         const std::size_t g = static_cast<std::size_t>(j) * groups + i / group_size;
-        const float weight =
-            mxfp4 ? e8m0_to_float(static_cast<const uint8_t*>(scales)[g]) * e2m1_to_float(q)
-                  : scalar_at(scales, scale_type, g) * static_cast<float>(q) +
-                        scalar_at(biases, scale_type, g);
+        const float scaled = rounded(x_type, scalar_at(scales, scale_type, g) * static_cast<float>(q));
+        const float weight = rounded(x_type, scaled + scalar_at(biases, scale_type, g));
         total += weight * x[static_cast<std::size_t>(m) * k + i];
       }
       value = total;
