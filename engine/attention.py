@@ -8,8 +8,9 @@ the softmax (masked, max, exp and sum) in place over each block of scores, at th
 precision.
 
 `install(model)` routes the model's mlx-lm attention here when MLX runs on the CPU, and one
-query (a decoding step) to the kernel extension's decode attention where it is built; attention
-sinks, quantized KV caches and the GPU keep mlx-lm's own path. `EXO_TUI_ATTENTION=mlx` turns
+query (a decoding step) to the kernel extension's decode attention where it is built (attention
+sinks included); a prompt's attention with sinks, quantized KV caches and the GPU keep mlx-lm's
+own path. `EXO_TUI_ATTENTION=mlx` turns
 it off.
 """
 # pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false, reportUnknownVariableType=false
@@ -192,7 +193,7 @@ def _routed(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
         mask: Mask,
         sinks: mx.array | None = None,
     ) -> mx.array:
-        if sinks is not None or hasattr(cache, "bits") or not enabled():
+        if hasattr(cache, "bits") or not enabled():
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         if (
             queries.shape[2] == 1
@@ -201,7 +202,9 @@ def _routed(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
         ):
             # One query sees every key: "causal" asks nothing more of it.
             array_mask = mask if isinstance(mask, mx.array) else None
-            return kernels.decode_attention(queries, keys, values, scale, array_mask)
+            return kernels.decode_attention(queries, keys, values, scale, array_mask, sinks)
+        if sinks is not None:  # a prompt's attention with sinks stays on mlx-lm's path
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         if _mlx_is_faster(queries.shape[2], keys.shape[2]):
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         return attention(queries, keys, values, scale=scale, mask=mask)

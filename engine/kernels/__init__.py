@@ -158,14 +158,20 @@ def dense_matmul(x: mx.array, w: mx.array) -> mx.array:
 
 
 def decode_attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    mask: mx.array | None,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """softmax(scale · q kᵀ + mask) v for few query rows a head (decoding), through the
     extension (which must be available). q is [B, H, Lq, D]; k and v [B, KV heads, L, D], read in
-    place; the mask None, boolean (True attends) or additive, broadcastable to [B, H, Lq, L]."""
+    place; the mask None, boolean (True attends) or additive, broadcastable to [B, H, Lq, L];
+    `sinks` (gpt-oss's), one logit a head [H] that joins each softmax with no value."""
     module = extension()
     assert module is not None
-    return cast(mx.array, module.decode_attention(q, k, v, scale, mask))
+    return cast(mx.array, module.decode_attention(q, k, v, scale, mask, sinks))
 
 
 def silu_mul(gate: mx.array, x: mx.array) -> mx.array:

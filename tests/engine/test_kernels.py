@@ -256,18 +256,19 @@ def test_nan_and_inf_weights_give_what_mlx_gives(isa: str, bad: float) -> None:
     mask=st.sampled_from(["none", "bool", "additive"]),
     layout=st.sampled_from(["cache", "contiguous", "transposed"]),
     mask_layout=st.sampled_from(["packed", "sliced", "transposed"]),
+    with_sinks=st.booleans(),
     seed=st.integers(0, 2**16),
 )
 def test_decode_attention_matches_mlx(
     isa: str, batch: int, kv_heads: int, repeat: int, queries: int, keys: int, dim: int,
-    dtype: mx.Dtype, mask: str, layout: str, mask_layout: str, seed: int,
+    dtype: mx.Dtype, mask: str, layout: str, mask_layout: str, with_sinks: bool, seed: int,
 ) -> None:  # fmt: skip
     """Against MLX's fused attention in fp32: the softmax's weights sum in another order and
     its exp is a polynomial within two ulps of expf, so an output may differ by 1e-5 of the
     largest |v|, plus the rounding of the output type. k and v come as the KV cache leaves them
     (the first keys of a larger buffer), packed, or with their rows not contiguous; the mask
     broadcasts over heads or the batch, packed, as the first keys of a wider one, or with its
-    keys not contiguous."""
+    keys not contiguous; with gpt-oss's sinks (a logit a head) or without."""
     key = mx.random.key(seed)
     q = mx.random.normal((batch, kv_heads * repeat, queries, dim), key=key).astype(dtype)
     capacity = keys + (7 if layout == "cache" else 0)
@@ -295,8 +296,18 @@ def test_decode_attention_matches_mlx(
     reference_mask = (
         chosen if chosen is None or chosen.dtype == mx.bool_ else chosen.astype(mx.float32)
     )
-    expected = mx.fast.scaled_dot_product_attention(*f32, scale=scale, mask=reference_mask)
-    got = kernels.decode_attention(q, k, v, scale, chosen)
+    sinks = (
+        (2 * mx.random.normal((kv_heads * repeat,), key=key + 4)).astype(dtype)
+        if with_sinks
+        else None
+    )
+    expected = mx.fast.scaled_dot_product_attention(
+        *f32,
+        scale=scale,
+        mask=reference_mask,
+        sinks=None if sinks is None else sinks.astype(mx.float32),
+    )
+    got = kernels.decode_attention(q, k, v, scale, chosen, sinks)
     assert got.dtype == dtype and got.shape == q.shape
     difference = mx.abs(got.astype(mx.float32) - expected)
     allowed = (

@@ -62,9 +62,12 @@ void decode_attention(const AttentionArgs& a, int item0, int item1) {
         const float* m = static_cast<const float*>(a.mask) + mask_at(i);
         for (int j = 0; j < keys; ++j) s[j] += m[j];
       }
-      float top = -INFINITY;
+      // A sink is one more logit in the softmax, with no value to add.
+      const float sink =
+          a.sinks == nullptr ? -INFINITY : a.sinks[static_cast<long>(g) * repeat + i / a.queries];
+      float top = sink;
       for (int j = 0; j < keys; ++j) top = std::max(top, s[j]);
-      float total = 0.0f;
+      float total = a.sinks == nullptr ? 0.0f : std::exp(sink - top);
       int j = 0;
       for (; j + L <= keys; j += L) {
         const vf e = exp_nonpositive(load(s + j) - top);

@@ -51,8 +51,9 @@ NB_MODULE(_kernels, m) {
   m.def("silu_mul", &exo_kernels::silu_mul, "gate"_a, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * x (mlx-lm's swiglu), rounded as MLX's ops round each step");
   m.def("decode_attention", &exo_kernels::decode_attention, "q"_a, "k"_a, "v"_a, "scale"_a,
-        "mask"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
-        "softmax(scale * q @ k.T + mask) @ v, for decoding's few query rows a head");
+        "mask"_a = nb::none(), "sinks"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+        "softmax(scale * q @ k.T + mask) @ v, for decoding's few query rows a head (with a "
+        "sink logit a head where `sinks` is given)");
   m.def("back_with_huge_pages", &exo_kernels::back_with_huge_pages, "arrays"_a,
         nb::call_guard<nb::gil_scoped_release>(),
         "Put the evaluated arrays' memory on transparent huge pages (Linux); the bytes moved");

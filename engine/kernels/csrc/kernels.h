@@ -92,6 +92,9 @@ struct AttentionArgs {
   long k_strides[3];
   long v_strides[3];
   long mask_strides[3];
+  // gpt-oss's attention sinks: one logit a head that takes part in the softmax with no value
+  // (fp32, [heads]); nullptr where the model has none.
+  const float* sinks = nullptr;
 };
 
 struct Isa {

@@ -348,7 +348,7 @@ void CpuSiluMul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, const std::optional<mx::array>& mask,
-                           mx::StreamOrDevice s) {
+                           const std::optional<mx::array>& sinks, mx::StreamOrDevice s) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     throw std::invalid_argument("q, k and v must be [batch, heads, length, head dim]");
   if (k.shape() != v.shape() || q.shape(0) != k.shape(0) || q.shape(3) != k.shape(3)) {
@@ -378,8 +378,14 @@ mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::arr
     mask_kind = mask->dtype() == mx::bool_ ? 1 : 2;
     inputs.push_back(mask_kind == 1 ? *mask : mx::astype(*mask, mx::float32, stream));
   }
+  if (sinks.has_value()) {
+    if (sinks->ndim() != 1 || sinks->shape(0) != q.shape(1))
+      throw std::invalid_argument("sinks must be one logit a head: [heads]");
+    inputs.push_back(mx::astype(*sinks, mx::float32, stream));  // row-major (prepare)
+  }
   return mx::array(q.shape(), q.dtype(),
-                   std::make_shared<CpuDecodeAttention>(stream, scale, mask_kind),
+                   std::make_shared<CpuDecodeAttention>(stream, scale, mask_kind,
+                                                        sinks.has_value()),
                    std::move(inputs));
 }
 
@@ -409,7 +415,7 @@ void CpuDecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   std::vector<mx::array> held;
   for (const auto& input : in) held.push_back(mx::array::unsafe_weak_copy(input));
   encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out),
-                    scale = scale_, mask_kind = mask_kind_]() mutable {
+                    scale = scale_, mask_kind = mask_kind_, sinks = sinks_]() mutable {
     const auto& q = held[0];
     const auto& k = held[1];
     const auto& v = held[2];
@@ -432,6 +438,7 @@ void CpuDecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
     args.kv_heads = k.shape(1);
     args.keys = k.shape(2);
     args.scale = scale;
+    if (sinks) args.sinks = held.back().data<float>();
     const Isa& isa = best_isa();
     const int items = args.batch * args.kv_heads;
     const std::size_t bytes = static_cast<std::size_t>(items) * args.keys * args.dim * 2 *

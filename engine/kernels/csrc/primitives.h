@@ -57,6 +57,7 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx::Stream
 // [B, H, Lq, L].
 mx::array decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
                            float scale, const std::optional<mx::array>& mask,
+                           const std::optional<mx::array>& sinks = std::nullopt,
                            mx::StreamOrDevice s = {});
 
 // mx.logsumexp(x, axis=-1, keepdims=True): the logits' normaliser at every sampling step,
@@ -99,19 +100,20 @@ class CpuSiluMul : public mx::UnaryPrimitive {
 
 class CpuDecodeAttention : public mx::UnaryPrimitive {
  public:
-  CpuDecodeAttention(mx::Stream stream, float scale, int mask_kind)
-      : mx::UnaryPrimitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+  CpuDecodeAttention(mx::Stream stream, float scale, int mask_kind, bool sinks)
+      : mx::UnaryPrimitive(stream), scale_(scale), mask_kind_(mask_kind), sinks_(sinks) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override { return "CpuDecodeAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const CpuDecodeAttention&>(other);
-    return scale_ == o.scale_ && mask_kind_ == o.mask_kind_;
+    return scale_ == o.scale_ && mask_kind_ == o.mask_kind_ && sinks_ == o.sinks_;
   }
 
  private:
   float scale_;
   int mask_kind_;
+  bool sinks_;
 };
 
 class CpuQuantizedMatmul : public mx::UnaryPrimitive {
