@@ -296,6 +296,11 @@ def generate(
     mx.reset_peak_memory()
 
     prefilled = 0  # of `rest`, before the first token's pass
+    # A cache that cannot be cut back (a sliding window's, rotated) serves a later prompt only
+    # if it holds a prefix of it, and the next one rarely continues the answer as written
+    # (harmony drops an earlier turn's reasoning; an API client sends none back): the cache is
+    # kept as it stands after the prompt, too, before the answer goes in.
+    trims = trims_at_any_length(loaded.model)
 
     def kept() -> None:
         # The cache holds the prompt and every token generated (each was fed before it came
@@ -336,6 +341,8 @@ def generate(
                 if index == 0 and prefilled:  # the steps said how far they went: now all
                     prefilled = len(rest)  # (the first token's pass fed the rest)
                     yield PrefillProgress(done=len(rest), total=len(rest))
+                if index == 0 and not trims:
+                    loaded.prompt_cache.keep_copy(prompt, cache)
                 yield from answer.token(token)
                 if answer.finish is not None:
                     break

@@ -146,6 +146,9 @@ def load_model(
     rest = [array for _, array in _leaves(model) if id(array) not in layer_ids]
     mx.eval(rest)
     kernels.back_with_huge_pages(rest)
+    # What modules keep beside their parameters (a scaled rope's frequencies) is a lazy graph on
+    # this thread's stream, which no other thread can run: computed now, any thread may answer.
+    mx.eval(_beside_parameters(model))
     yield from materialise_layers(layers, rank)
     return LoadedModel(model=model, tokenizer=tokenizer, card=card, config=config, blas=blas_in_use)
 
@@ -173,3 +176,14 @@ def load_model_sync(path: Path | str) -> LoadedModel:
 
 def _leaves(module: nn.Module) -> list[tuple[str, mx.array]]:
     return tree_flatten(module.parameters())  # pyright: ignore[reportReturnType]
+
+
+def _beside_parameters(module: nn.Module) -> list[mx.array]:
+    """The arrays a module holds that are not parameters: those named with a leading `_` (a
+    module is a dict of its arrays and children)."""
+    leaves = cast(list[tuple[str, object]], tree_flatten(cast(Any, module)))
+    return [
+        value
+        for name, value in leaves
+        if isinstance(value, mx.array) and any(part.startswith("_") for part in name.split("."))
+    ]

@@ -18,6 +18,7 @@ at the same time), is another branch: it is copied, as mlx-lm does, and stays.
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -125,6 +126,10 @@ class ConversationCache:
         """Store a cache that holds exactly `tokens` for a later turn."""
         with self._lock:
             self._lru.insert_cache(_MODEL_KEY, tokens, cache)
+
+    def keep_copy(self, tokens: list[int], cache: list[Any]) -> None:
+        """Store a copy of a cache that holds exactly `tokens`, which goes on being used."""
+        self.keep(tokens, copy.deepcopy(cache))
 
     @property
     def nbytes(self) -> int:

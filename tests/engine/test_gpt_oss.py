@@ -5,6 +5,7 @@ a chat with tools comes out as reasoning, a tool call and text."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from engine.types import (
 )
 from exo_tui.chat.tools import BUILTIN_TOOLS
 from tests.scripted_gpt_oss import Script
+from tests.tiny_gpt_oss import build_tiny_gpt_oss
 from tests.tiny_models import corpus
 
 WINDOW = 16  # the tiny model's sliding window
@@ -46,7 +48,17 @@ def joined(chunks: Iterable[Chunk], kind: type[TextChunk] | type[ReasoningChunk]
 
 
 @pytest.fixture(scope="module")
-def loaded(tiny_gpt_oss: Path) -> LoadedModel:
+def loaded(tmp_path_factory: pytest.TempPathFactory, harmony_vocabulary: Path) -> LoadedModel:
+    """The tiny gpt-oss in float32: the prompt cache's tests compare tokens with mlx-lm's, which
+    prefills in other steps; in bf16 the rounding of other shapes can swap two close logits of
+    its 201088 (the kernels' products in particular), in float32 it does not."""
+    folder = build_tiny_gpt_oss(tmp_path_factory.mktemp("gpt-oss-fp32"), dtype="float32")
+    return load_model_sync(folder)
+
+
+@pytest.fixture(scope="module")
+def shipped(tiny_gpt_oss: Path) -> LoadedModel:
+    """The tiny gpt-oss in bf16, as mlx-community's are, loaded on this (the main) thread."""
     return load_model_sync(tiny_gpt_oss)
 
 
@@ -84,7 +96,7 @@ def test_the_tokenizer_encodes_and_decodes_as_harmony(loaded: LoadedModel) -> No
 
 
 def test_the_model_is_quantized_as_mlx_communitys_gpt_oss(
-    tiny_gpt_oss: Path, loaded: LoadedModel
+    tiny_gpt_oss: Path, shipped: LoadedModel
 ) -> None:
     config = json.loads((tiny_gpt_oss / "config.json").read_text())
     quantization = config["quantization"]
@@ -98,7 +110,7 @@ def test_the_model_is_quantized_as_mlx_communitys_gpt_oss(
     assert {f"model.layers.0.self_attn.{p}_proj" for p in "qkvo"} <= named
     assert not any(".experts." in k for k in named)  # the experts take the default
     assert all(quantization[k]["bits"] == 8 for k in named)
-    model: Any = loaded.model  # mlx-lm's models are untyped
+    model: Any = shipped.model  # mlx-lm's models are untyped
     layer = model.layers[0]
     for projection in ("gate_proj", "up_proj", "down_proj"):
         experts = getattr(layer.mlp.experts, projection)
@@ -215,3 +227,89 @@ def test_reasoning_then_a_tool_call_then_the_answer(scripted: LoadedModel) -> No
     assert done.finish_reason == "stop"
     assert done.usage.cached_tokens == len(answered)
     assert list(done.token_ids) == script.second(load_gpt_oss_encoding())
+
+
+def test_a_result_sent_back_without_the_reasoning_continues_the_prompts_cache(
+    scripted: LoadedModel,
+) -> None:
+    """API clients send back the call but not the reasoning: the second prompt leaves the first
+    answer where it began, and the cache kept as it stood after the first prompt serves it."""
+    scripted.prompt_cache.clear()
+    request = ChatRequest(
+        messages=(Message(role="user", content="What is 6 times 7?"),),
+        tools=BUILTIN_TOOLS,
+        temperature=0.0,
+        max_tokens=64,
+    )
+    first = render_prompt(scripted, request)
+    (call,) = [c for c in generate(scripted, request) if isinstance(c, ToolCallChunk)]
+    calling = Message(
+        role="assistant", tool_calls=(ToolCall(id=call.id, name=call.name, arguments={}),)
+    )
+    result = Message(role="tool", tool_call_id=call.id, content=Script().result_marker)
+    follow = request.model_copy(update={"messages": (*request.messages, calling, result)})
+    done = done_of(generate(scripted, follow))
+    assert done.usage.cached_tokens == len(first)
+    scripted.prompt_cache.clear()
+    assert done_of(generate(scripted, follow)).token_ids == done.token_ids
+
+
+def test_the_next_turn_continues_the_longest_prompt_it_shares(scripted: LoadedModel) -> None:
+    """Harmony drops an earlier turn's reasoning: the next turn leaves the tool call's answer
+    where it began. Of all the prompts and answers before it, the longest it shares a start
+    with is cached, though every cache past the window has rotated."""
+    script = Script()
+    scripted.prompt_cache.clear()
+    history: tuple[Message, ...] = (Message(role="user", content="What is 6 times 7?"),)
+    request = ChatRequest(messages=history, tools=BUILTIN_TOOLS, temperature=0.0, max_tokens=64)
+    written: list[list[int]] = []
+    for _ in range(2):
+        prompt = render_prompt(scripted, request)
+        chunks = list(generate(scripted, request))
+        written += [prompt, prompt + list(done_of(chunks).token_ids)]
+        calls = [c for c in chunks if isinstance(c, ToolCallChunk)]
+        history += tuple(
+            Message(role="assistant", reasoning=script.reasoning, tool_calls=(
+                ToolCall(id=call.id, name=call.name, arguments=call.arguments),))
+            for call in calls
+        ) + tuple(
+            Message(role="tool", tool_call_id=call.id, content=script.result_marker)
+            for call in calls
+        )  # fmt: skip
+        if not calls:
+            history += (Message(role="assistant", content=joined(chunks, TextChunk)),)
+        request = request.model_copy(update={"messages": history})
+    history += (Message(role="user", content="And 7 times 8?"),)
+    turn = request.model_copy(update={"messages": history})
+    prompt = render_prompt(scripted, turn)
+    assert prompt[: len(written[1])] != written[1]  # the call's answer: its reasoning is gone
+
+    def shared(before: list[int]) -> int:
+        pairs = enumerate(zip(prompt, before, strict=False))
+        return next((i for i, (a, b) in pairs if a != b), min(len(prompt), len(before)))
+
+    done = done_of(generate(scripted, turn))
+    assert done.usage.cached_tokens == max(shared(before) for before in written)
+    assert done.usage.cached_tokens > 2 * WINDOW
+
+
+def test_a_model_loaded_on_one_thread_answers_on_another(shipped: LoadedModel) -> None:
+    """Yarn's frequencies are built at load, beside the parameters: evaluated there, so the API's
+    answering threads can run the model (left lazy, only the loading thread's stream could)."""
+    request = ChatRequest(
+        messages=(Message(role="user", content="Hello"),), temperature=0.0, max_tokens=8
+    )
+    answered: list[DoneChunk | BaseException] = []
+
+    def answer() -> None:
+        try:
+            answered.append(done_of(generate(shipped, request)))
+        except BaseException as error:  # the thread's failure, said in the test
+            answered.append(error)
+
+    thread = threading.Thread(target=answer)
+    thread.start()
+    thread.join()
+    (done,) = answered
+    assert isinstance(done, DoneChunk), done
+    assert done.usage.completion_tokens == 8
