@@ -93,9 +93,11 @@ def batchable(loaded: LoadedModel) -> bool:
     """Whether this model's requests can decode together: every layer's cache must merge into
     a batch (mlx-lm's caches that do have `merge`).
 
-    gpt-oss (harmony) stays one request at a time: its sliding-window layers' batched caches
-    (mlx-lm's BatchRotatingKVCache) and their trimming for the prompt cache are untested here,
-    for want of a gpt-oss model small enough for the tests."""
+    gpt-oss (harmony) stays one request at a time. Batched (mlx-lm's BatchRotatingKVCache for
+    its sliding-window layers) its answers are the same tokens, but the batch keeps only each
+    answer's cache, and one past its window cannot be cut back to serve the next turn, which
+    rarely continues the answer as written (harmony drops the reasoning; API clients send none
+    back). Alone, the engine keeps the prompt's cache too (engine.generate)."""
     if is_harmony(loaded):
         return False
     return all(hasattr(cache, "merge") for cache in make_prompt_cache(loaded.model))
