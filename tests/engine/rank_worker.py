@@ -26,6 +26,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 from mlx_lm.sample_utils import make_sampler
 from pydantic import TypeAdapter
 
@@ -62,6 +63,9 @@ class JobResult(Frozen):
     progress: tuple[LoadProgress, ...]
     weights_bytes: int  # active MLX memory added by loading
     kernel_layers: int  # layers whose forward pass runs on the CPU kernels
+    # mlx-lm's QuantizedSwitchLinear layers (a MoE's experts) on the CPU kernels, and on MLX's
+    expert_kernel_layers: int = 0
+    expert_mlx_layers: int = 0
     turns: tuple[TurnResult, ...]
     seconds: float  # loading and generating
 
@@ -118,9 +122,12 @@ def run_job(index: int, job: Job, group: mx.distributed.Group | None) -> JobResu
     gc.collect()
     mx.clear_cache()
     weights = mx.get_active_memory() - before
-    kernel_layers = sum(
-        1 for _, layer in loaded.model.named_modules() if type(layer).__name__.startswith("Cpu")
-    )
+    routed = [type(layer).__name__.startswith("Cpu") for _, layer in loaded.model.named_modules()]
+    experts = [
+        type(layer).__name__.startswith("Cpu")
+        for _, layer in loaded.model.named_modules()
+        if isinstance(layer, QuantizedSwitchLinear)
+    ]
     if job.prefill_step_size is not None:
         turns = chunked_prefill(loaded, job, job.prefill_step_size)
     else:
@@ -132,7 +139,9 @@ def run_job(index: int, job: Job, group: mx.distributed.Group | None) -> JobResu
         world_size=1 if group is None else group.size(),
         progress=tuple(progress),
         weights_bytes=weights,
-        kernel_layers=kernel_layers,
+        kernel_layers=sum(routed),
+        expert_kernel_layers=sum(experts),
+        expert_mlx_layers=len(experts) - sum(experts),
         turns=tuple(turns),
         seconds=time.perf_counter() - started,
     )
