@@ -58,17 +58,25 @@ def assert_close(
     assert worst <= 1.0, f"off by {worst:.2f}x the tolerance"
 
 
-def integer_x_rounding(isa: str, x32: mx.array, dense: mx.array) -> mx.array | float:
-    """The most that x's integers (bf16 x by 4-bit weights on AVX512-BF16) move each output: the
-    sum over k of |w_k| times half of x_k's step. One row of x (or k not a multiple of 256)
-    takes 16-bit integers, a step the largest magnitude of its 32 values / 32767; several rows
-    take 8-bit ones, a step the largest of its 64 values / 127. 0 on the other instruction
-    sets, which take x as it is."""
+def integer_x_rounding(
+    isa: str, x32: mx.array, dense: mx.array, bits: int = 4, mxfp4: bool = False
+) -> mx.array | float:
+    """The most that x's integers (bf16 x by 4-bit, 8-bit or MXFP4 weights with bf16 scales on
+    AVX512-BF16) move each output: the sum over k of |w_k| times half of x_k's step. By 4-bit
+    weights one row of x (or k not a multiple of 256) takes 16-bit integers, a step the largest
+    magnitude of its 32 values / 32767, and several rows 8-bit ones, a step the largest of its 64
+    values / 127; by 8-bit and MXFP4 weights every row takes 8-bit ones, a step the largest of
+    its 32 values / 127. 0 on the other instruction sets, which take x as it is."""
     if not isa.startswith("avx512bf16"):
         return 0.0
     k = x32.shape[-1]
     rows = x32.size // k
-    block, top = (64, 127) if rows >= ext().int8_min_rows() and k % 256 == 0 else (32, 32767)
+    if bits == 8 or mxfp4:
+        block, top = 32, 127
+    elif rows >= ext().int8_min_rows() and k % 256 == 0:
+        block, top = 64, 127
+    else:
+        block, top = 32, 32767
     groups = mx.max(mx.abs(x32.reshape(-1, k // block, block)), axis=-1) / top / 2
     half_steps = mx.repeat(groups, block, axis=-1).reshape(x32.shape)
     return half_steps @ mx.abs(dense).T

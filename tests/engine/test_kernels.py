@@ -96,8 +96,9 @@ def test_quantized_matmul_matches_mlx(
     x32 = x.astype(mx.float32)
     out_type = promoted(x_type, scale_type)
     assert got.dtype == out_type
-    integers = bits == 4 and x_type == scale_type == mx.bfloat16 and k % 128 == 0
-    rounding = integer_x_rounding(isa, x32, dense) if integers else 0.0
+    # bf16 x by bf16 scales: integer dot products, for 4 bits (k a multiple of 128) and 8 (of 64).
+    integers = x_type == scale_type == mx.bfloat16 and k % (128 if bits == 4 else 64) == 0
+    rounding = integer_x_rounding(isa, x32, dense, bits) if integers else 0.0
     assert_close(got, x32 @ dense.T, mx.abs(x32) @ mx.abs(dense).T, out_type, rounding)
 
 

@@ -2,10 +2,11 @@
 
 Tolerance: as tests/engine/test_kernels.py states it for the dense products: an output may differ
 from MLX's product computed in fp32 by 1e-5 of the sum of |x_k * w_k| over its dot product, plus
-the rounding of the output type, plus where bf16 x meets 4-bit affine weights with bf16 scales on
-AVX512-BF16, half a step of x's integers times |w| (the kernels take an expert's rows of x as
-16-bit integers for one row, 8-bit ones for several: the bound here is the coarser of the two
-wherever an expert could get several rows).
+the rounding of the output type, plus, where bf16 x meets 4-bit affine or 8-bit affine weights
+with bf16 scales or MXFP4 on AVX512-BF16, half a step of x's integers times |w|. By 4-bit weights
+the kernels take an expert's rows of x as 16-bit integers for one row and 8-bit ones (a step a
+64 values) for several: the bound here is the coarser of the two wherever an expert could get
+several rows. By 8-bit and MXFP4 weights every row takes 8-bit integers, a step a 32 values.
 """
 # pyright: reportUnknownMemberType=false, reportUnknownVariableType=false, reportUnknownArgumentType=false
 
@@ -29,6 +30,7 @@ from tests.engine.kernel_checks import (
     assert_close,
     ext,
     greedy_logits,
+    integer_x_rounding,
     promoted,
     quantized_copy,
     weights,
@@ -72,10 +74,16 @@ def x_rounding(isa: str, mode: str, bits: int, x: mx.array, scale_type: mx.Dtype
     """The most x's integers move each output (see the module's docstring); 0 where the kernels
     take x as it is."""
     k = x.shape[-1]
-    integers = mode == "affine" and bits == 4 and x.dtype == scale_type == mx.bfloat16
-    if not (isa.startswith("avx512bf16") and integers and k % 128 == 0):
+    if not isa.startswith("avx512bf16") or x.dtype != mx.bfloat16:
         return 0.0
-    block, top = (64, 127) if k % 256 == 0 else (32, 32767)
+    if mode == "mxfp4" or bits == 8:
+        if k % 64 or (mode == "affine" and scale_type != mx.bfloat16):
+            return 0.0
+        block, top = 32, 127  # every row as 8-bit integers, 32 values a step
+    elif scale_type != mx.bfloat16 or k % 128:
+        return 0.0
+    else:
+        block, top = (64, 127) if k % 256 == 0 else (32, 32767)
     x32 = x.astype(mx.float32)
     halves = mx.max(mx.abs(x32.reshape(*x.shape[:-1], k // block, block)), axis=-1) / top / 2
     steps = mx.repeat(halves, block, axis=-1).reshape(x.shape)
@@ -172,7 +180,12 @@ def test_mxfp4_matmul_matches_mlx(
     values = mx.dequantize(w, scales, None, 32, 4, mode="mxfp4").astype(mx.float32)
     x32 = x.astype(mx.float32)
     assert got.dtype == x_type
-    assert_close(got, x32 @ values.T, mx.abs(x32) @ mx.abs(values).T, x_type)
+    rounding = (
+        integer_x_rounding(isa, x32, values, mxfp4=True)
+        if x_type == mx.bfloat16 and k % 64 == 0
+        else 0.0
+    )
+    assert_close(got, x32 @ values.T, mx.abs(x32) @ mx.abs(values).T, x_type, rounding)
 
 
 @pytest.mark.parametrize("fmt", [("affine", 4, 64), ("affine", 8, 32), ("mxfp4", 4, 32)])

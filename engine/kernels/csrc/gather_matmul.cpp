@@ -120,6 +120,7 @@ long run_gather_quantized_matmul(const void* x_in, Scalar x_type, int m, int k, 
   if (!joint.empty()) {
     const bool nibble_dot =
         !mxfp4 && takes_nibble_dot(isa, x_type, bits, scale_type, k, group_size);
+    const bool byte_dot = takes_byte_dot(isa, x_type, bits, mxfp4, scale_type, k);
     if (g.prepared.size() < joint.size()) g.prepared.resize(joint.size());
     std::vector<QuantizedArgs> args;
     args.reserve(joint.size());
@@ -127,10 +128,10 @@ long run_gather_quantized_matmul(const void* x_in, Scalar x_type, int m, int k, 
       const ExpertJob& job = joint[j];
       const int rows = job.count * m;
       const GemvX px = prepare_x(isa, g.prepared[j], job.x, x_type, rows, k, group_size, bits,
-                                 nibble_dot, true, false);
+                                 nibble_dot, true, false, byte_dot, mxfp4);
       args.push_back(QuantizedArgs{px.prepared, px.sums, rows, k, n, job.w, job.scales,
                                    job.biases, scale_type, group_size, bits, job.out, n, px.xq,
-                                   px.xq_scales, px.xq8, mxfp4});
+                                   px.xq_scales, px.xq8, mxfp4, px.xb});
     }
     const int per_expert = (n + PIECE_ROWS - 1) / PIECE_ROWS;
     const int pieces = per_expert * static_cast<int>(joint.size());

@@ -487,6 +487,8 @@ void prepare_int_x(const uint16_t* x, int rows, int k, int16_t* xq, float* scale
 // A row shorter than this many bytes shares a memory page with the next rows.
 constexpr std::size_t PAGE_BYTES = 4096;
 
+#include "byte_dot_impl.h"
+
 template <int GS>
 void nibble_dot_gemv(const QuantizedArgs& a, int n0, int n1) {
   // Weight rows shorter than a page are read one at a time, front to back: the hardware
@@ -507,6 +509,9 @@ void nibble_dot_gemv(const QuantizedArgs& a, int n0, int n1) {
 #endif
 
 void quantized_gemv(const QuantizedArgs& a, int n0, int n1) {
+#if defined(EXO_BF16_DOT)
+  if (a.xb != nullptr) return byte_dot_gemv(a, n0, n1);
+#endif
   if (a.mxfp4) return quantized_gemv_typed<4, e8m0>(a, n0, n1);
 #if defined(EXO_BF16_DOT)
   if (a.xq8 != nullptr) {
@@ -832,7 +837,9 @@ const Isa ISA_TABLE = {
 #if defined(EXO_BF16_DOT)
     ISA_NS::prepare_int_x,
     ISA_NS::prepare_int8_x,
+    ISA_NS::prepare_byte_x,
 #else
+    nullptr,
     nullptr,
     nullptr,
 #endif

@@ -37,7 +37,14 @@ struct QuantizedArgs {
   // MXFP4 (MLX's mode "mxfp4", ggml's MXFP4 block): 4-bit E2M1 codes in the affine format's
   // nibble order, groups of 32, `scales` one E8M0 byte a group (2^(e - 127)), no biases.
   bool mxfp4 = false;
+  // Or, for 8-bit affine and MXFP4 weights, x as prepare_byte_x lays it out.
+  const int8_t* xb = nullptr;
 };
+
+// prepare_byte_x's x: blocks of 128 values, 256 bytes each (see byte_dot_impl.h).
+inline std::size_t byte_x_bytes(int rows, int k) {
+  return static_cast<std::size_t>(rows) * ((k + 127) / 128) * 256;
+}
 
 // 8-bit x, 512 values a step (the last 256 where a row's length is not a multiple of 512): each
 // step's integers, then its 16 floats (the step of each lane), in 576 bytes. The GEMV takes the
@@ -113,6 +120,10 @@ struct Isa {
   // int8_x_bytes(rows, k) of them, and each 32 values' sum as rounded (k / 32 a row). nullptr
   // where prepare_int_x is.
   void (*prepare_int8_x)(const uint16_t* x, int rows, int k, int8_t* xq, float* sums);
+  // bf16 x (k a multiple of 64) for 8-bit affine or MXFP4 (`fp4`) weights as 8-bit integers
+  // (see byte_dot_impl.h): byte_x_bytes(rows, k) of them, and each 32 values' sum as rounded
+  // (k / 32 a row). nullptr where the table has no integer dot products.
+  void (*prepare_byte_x)(const uint16_t* x, int rows, int k, bool fp4, int8_t* xb, float* sums);
   void (*half_gemv)(const HalfArgs&, int n0, int n1);
   // Weight rows [n0, n1) as fp32, row-major into `tile` (row n0 first), for BLAS.
   void (*quantized_dequantize)(const QuantizedArgs&, int n0, int n1, float* tile);

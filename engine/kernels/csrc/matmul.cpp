@@ -157,12 +157,28 @@ void redo_non_finite(const Isa& isa, const float* x, const void* x_in, Scalar x_
 // `tiles`: whether some run on AMX tiles (which take the exact sums of x for the biases' term).
 // Returns x in fp32 as `x`, except on the 8-bit path (nullptr: it reads only the integers).
 GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int rows, int k,
-                int group_size, int bits, bool nibble_dot, bool layout, bool tiles) {
+                int group_size, int bits, bool nibble_dot, bool layout, bool tiles,
+                bool byte_dot, bool mxfp4) {
   const std::size_t x_count = static_cast<std::size_t>(rows) * k;
   GemvX out{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   const int groups = k / group_size;
   float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
   out.sums = sums;
+  if (byte_dot && layout && !tiles) {
+    s.byte_x.resize(std::max(s.byte_x.size(), byte_x_bytes(rows, k) + 64));
+    const auto address = reinterpret_cast<std::uintptr_t>(s.byte_x.data());
+    int8_t* xb = s.byte_x.data() + (64 - address % 64) % 64;
+    float* sums32 = sized(s.sums32, x_count / 32);
+    isa.prepare_byte_x(static_cast<const uint16_t*>(x_in), rows, k, mxfp4, xb, sums32);
+    out.xb = xb;
+    const int per_group = group_size / 32;  // the biases' term takes the sums as rounded
+    for (std::size_t g = 0; g < static_cast<std::size_t>(rows) * groups; ++g) {
+      float total = 0.0f;
+      for (int i = 0; i < per_group; ++i) total += sums32[g * per_group + i];
+      sums[g] = total;
+    }
+    return out;
+  }
   // 8-bit integers take x in steps of 512 values (the last of 256; see int8_x_offset).
   if (nibble_dot && layout && !tiles && rows >= int8_min_rows && k % 256 == 0) {
     // On a 64-byte line: each 64-byte load then reads one line, not parts of two.
@@ -217,6 +233,11 @@ GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int
 }
 
 // bf16 x by 4-bit weights with bf16 scales: integer dot products in hardware.
+bool takes_byte_dot(const Isa& isa, Scalar x_type, int bits, bool mxfp4, Scalar scale_type, int k) {
+  return isa.prepare_byte_x != nullptr && x_type == Scalar::bf16 && k % 64 == 0 &&
+         (mxfp4 || (bits == 8 && scale_type == Scalar::bf16));
+}
+
 bool takes_nibble_dot(const Isa& isa, Scalar x_type, int bits, Scalar scale_type, int k,
                       int group_size) {
   return isa.prepare_int_x != nullptr && x_type == Scalar::bf16 && bits == 4 &&
@@ -252,15 +273,16 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
   // take any number of rows: at 512 rows they ran faster than OpenBLAS on dequantized tiles.
   const bool nibble_dot = !mxfp4 && takes_nibble_dot(isa, x_type, bits, scale_type, k, group_size);
   // The 8-bit tiles round x themselves: x in fp32 and its sums serve only weight rows past them.
+  const bool byte_dot = takes_byte_dot(isa, x_type, bits, mxfp4, scale_type, k);
   const GemvX px =
       int8_tiles && tiled == n
           ? GemvX{}
           : prepare_x(isa, s, x_in, x_type, rows, k, group_size, bits, nibble_dot, tiled < n,
-                      tiled > 0);
+                      tiled > 0, byte_dot, mxfp4);
   const std::size_t out_count = static_cast<std::size_t>(rows) * n;
   float* out32 = out_type == Scalar::f32 ? static_cast<float*>(out) : sized(s.out, out_count);
   QuantizedArgs args{px.prepared, px.sums, rows, k, n, w, scales, biases, scale_type, group_size,
-                     bits, out32, n, px.xq, px.xq_scales, px.xq8, mxfp4};
+                     bits, out32, n, px.xq, px.xq_scales, px.xq8, mxfp4, px.xb};
   if (int8_tiles) {
     s.int8_x.resize(std::max(s.int8_x.size(), amx_int8_x_bytes(k, rows)));
     const std::size_t per_block = static_cast<std::size_t>(k / 64) * 16;
@@ -312,7 +334,7 @@ void run_quantized_matmul(const void* x_in, Scalar x_type, int rows, int k, cons
     cblas_sgemm(CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS, rows, tiled, groups, 1.0f, px.sums,
                 groups, bias32, groups, 1.0f, out32, n);
     if (tiled < n) isa.quantized_gemv(args, tiled, n);
-  } else if (rows <= gemv_max_rows || nibble_dot) {
+  } else if (rows <= gemv_max_rows || nibble_dot || byte_dot) {
     const std::size_t bytes = static_cast<std::size_t>(n) * (k * bits / 8 + groups * 4);
     gemv_parallel(n, bytes, [&](int n0, int n1) { isa.quantized_gemv(args, n0, n1); });
   } else {

@@ -18,7 +18,7 @@ struct Scratch {
   std::vector<float> x, prepared, sums, sums32, out, tile, bias;
   std::vector<uint16_t> tiles_x;
   std::vector<int16_t> int_x;
-  std::vector<int8_t> int8_x;
+  std::vector<int8_t> int8_x, byte_x;
   std::vector<float> xsum_t, int_x_scales, tile_steps, tile_sums;
 };
 Scratch& scratch();
@@ -36,11 +36,17 @@ struct GemvX {
   const int8_t* xq8;      // or 8-bit ones, for several rows
   const float* xq_scales;
   const float* sums;      // [rows, groups]
+  const int8_t* xb = nullptr;  // or 8-bit ones for 8-bit and MXFP4 weights (prepare_byte_x)
 };
 
 // x prepared for the GEMVs into `s` (see matmul.cpp).
 GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int rows, int k,
-                int group_size, int bits, bool nibble_dot, bool layout, bool tiles);
+                int group_size, int bits, bool nibble_dot, bool layout, bool tiles,
+                bool byte_dot = false, bool mxfp4 = false);
+
+// bf16 x by 8-bit affine weights with bf16 scales, or by MXFP4: 8-bit integer dot products in
+// hardware (byte_dot_impl.h).
+bool takes_byte_dot(const Isa& isa, Scalar x_type, int bits, bool mxfp4, Scalar scale_type, int k);
 
 // bf16 x by 4-bit affine weights with bf16 scales: integer dot products in hardware.
 bool takes_nibble_dot(const Isa& isa, Scalar x_type, int bits, Scalar scale_type, int k,
