@@ -67,6 +67,10 @@ def _load() -> tuple[ModuleType | None, str]:
     if blas.describe().startswith("reference"):
         # Netlib's BLAS is scalar: many rows run on the kernels' own GEMV instead of its GEMM.
         module.set_gemv_max_rows(1 << 30)
+    if not module.amx():
+        # Without AMX (AMD's Zen 4), one row of bf16 x by 4-bit weights reads faster as 8-bit
+        # integers than as 16-bit ones, as llama.cpp rounds x (bench/moe.md).
+        module.set_int8_min_rows(1)
     tiles = "+amx" if module.amx() else ""  # many rows of bf16 products run on AMX tiles
     return module, f"{module.isa()}{tiles} ({module.threads()} threads)"
 

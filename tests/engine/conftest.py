@@ -22,14 +22,18 @@ def empty_hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(params=ISAS)
 def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each instruction set the CPU runs, in turn; the best one again afterwards."""
-    best, int8_tiles, bf16_tiles = (
+    best, int8_tiles, bf16_tiles, int8_rows = (
         ext().isa(),
         ext().amx_int8_min_rows(),
         ext().amx_small_min_rows(),
+        ext().int8_min_rows(),
     )
     name, _, tiles = request.param.partition("+")
     if not ext().isa_supported(name):
         pytest.skip(f"this CPU does not run {name}")
+    if tiles in ("int8", "int16"):  # one row of x as 8-bit or as 16-bit integers, no tiles
+        ext().set_int8_min_rows(1 if tiles == "int8" else 2)
+        tiles = ""
     ext().set_amx(bool(tiles))
     if tiles and not ext().amx():
         ext().set_amx(True)
@@ -43,3 +47,4 @@ def isa(request: pytest.FixtureRequest) -> Iterator[str]:
     ext().set_amx(True)
     ext().set_amx_int8_min_rows(int8_tiles)
     ext().set_amx_small_min_rows(bf16_tiles)
+    ext().set_int8_min_rows(int8_rows)

@@ -16,13 +16,15 @@ from engine import kernels
 
 # Each instruction set; "+amx" also runs bf16 x by 4-bit weights (a few rows of x: on the 8-bit
 # tiles where the CPU has AMX-INT8, else on the bf16 ones) and bf16 by bf16 (from 16 rows) on AMX
-# tiles; "+amx-bf16" runs every few rows of 4-bit products (from 3) on the bf16 tiles.
+# tiles; "+amx-bf16" runs every few rows of 4-bit products (from 3) on the bf16 tiles; "+int8" and
+# "+int16" take one row of bf16 x by 4-bit weights as 8-bit or as 16-bit integers (no tiles).
 ISAS = [
     name
     for name in (
         "avx512bf16+amx",
         "avx512bf16+amx-bf16",
-        "avx512bf16",
+        "avx512bf16+int8",
+        "avx512bf16+int16",
         "avx512",
         "avx2",
         "portable",
