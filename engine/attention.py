@@ -8,10 +8,9 @@ the softmax (masked, max, exp and sum) in place over each block of scores, at th
 precision.
 
 `install(model)` routes the model's mlx-lm attention here when MLX runs on the CPU, and one
-query (a decoding step) to the kernel extension's decode attention where it is built (attention
-sinks included); a prompt's attention with sinks, quantized KV caches and the GPU keep mlx-lm's
-own path. `EXO_TUI_ATTENTION=mlx` turns
-it off.
+query (a decoding step) to the kernel extension's decode attention where it is built (gpt-oss's
+attention sinks too, here and there); quantized KV caches and the GPU keep mlx-lm's own path.
+`EXO_TUI_ATTENTION=mlx` turns it off.
 """
 # pyright: reportMissingTypeStubs=false, reportUnknownMemberType=false, reportUnknownVariableType=false
 # (mlx-lm and threadpoolctl ship no type information.)
@@ -73,11 +72,18 @@ def _causal_bias(rows: int, keys: int) -> Floats:
 
 
 def attention(
-    queries: mx.array, keys: mx.array, values: mx.array, *, scale: float, mask: Mask
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    *,
+    scale: float,
+    mask: Mask,
+    sinks: mx.array | None = None,
 ) -> mx.array:
     """softmax(q kᵀ · scale + mask) v, like `mx.fast.scaled_dot_product_attention` (GQA too).
 
-    `mask` is None, "causal", a boolean array (True: attend) or an additive float array.
+    `mask` is None, "causal", a boolean array (True: attend) or an additive float array;
+    `sinks` (gpt-oss's), one logit a head [H] that joins each softmax with no value.
     """
     batch, heads, length, dim = queries.shape
     kv_heads, key_count = keys.shape[1], keys.shape[2]
@@ -93,6 +99,11 @@ def attention(
     q_all: Floats = np.asarray(queries.astype(mx.float32))
     keys_t: Floats = np.asarray(keys.astype(mx.float32)).swapaxes(-1, -2)
     v_all: Floats = np.asarray(values.astype(mx.float32))
+    sink_all: Floats | None = (
+        None
+        if sinks is None
+        else np.asarray(sinks.astype(mx.float32)).reshape(1, kv_heads, repeat, 1, 1)
+    )
     block = max(1, MAX_SCORES // max(1, batch * heads * key_count))
     out = np.empty((batch, kv_heads, repeat, length, dim), dtype=np.float32)
 
@@ -103,9 +114,14 @@ def attention(
             q = q_all[:, :, part].reshape(batch, kv_heads, repeat * count, dim) * np.float32(scale)
             scores = np.matmul(q, keys_t).reshape(batch, kv_heads, repeat, count, key_count)
             _mask_block(scores, scores_mask, part, length)
-            scores -= scores.max(axis=-1, keepdims=True)
+            top = scores.max(axis=-1, keepdims=True)
+            if sink_all is not None:
+                top = np.maximum(top, sink_all)
+            scores -= top
             np.exp(scores, out=scores)
             totals = scores.sum(axis=-1, keepdims=True)
+            if sink_all is not None:
+                totals += np.exp(sink_all - top)
             weighted = np.matmul(scores.reshape(batch, kv_heads, repeat * count, key_count), v_all)
             np.divide(
                 weighted.reshape(batch, kv_heads, repeat, count, dim), totals, out=out[..., part, :]
@@ -203,11 +219,9 @@ def _routed(original: Callable[..., mx.array]) -> Callable[..., mx.array]:
             # One query sees every key: "causal" asks nothing more of it.
             array_mask = mask if isinstance(mask, mx.array) else None
             return kernels.decode_attention(queries, keys, values, scale, array_mask, sinks)
-        if sinks is not None:  # a prompt's attention with sinks stays on mlx-lm's path
-            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         if _mlx_is_faster(queries.shape[2], keys.shape[2]):
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        return attention(queries, keys, values, scale=scale, mask=mask)
+        return attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
     setattr(scaled_dot_product_attention, _ORIGINAL, original)
     return scaled_dot_product_attention

@@ -41,6 +41,26 @@ def test_matches_mlx_fused_attention(length: int, keys: int, mask: str | None) -
     assert max_difference(got, expected) < 1e-5
 
 
+@pytest.mark.parametrize(
+    ("length", "keys", "mask"),
+    [(40, 40, "causal"), (24, 300, "causal"), (30, 30, None), (20, 30, "window")],
+)
+def test_sinks_match_mlx_fused_attention(length: int, keys: int, mask: str | None) -> None:
+    """gpt-oss's sinks (a logit a head in each softmax), over a causal mask, none, or a sliding
+    window's boolean mask; and a sink far above every score takes all the weight (outputs 0)."""
+    q, k, v = random_qkv(length, keys)
+    sinks = 2 * mx.random.normal((8,), key=mx.random.key(length))
+    chosen: mx.array | str | None = mask
+    if mask == "window":  # each query sees the 8 keys up to its own
+        rows, cols = mx.arange(length)[:, None] + keys - length, mx.arange(keys)[None]
+        chosen = (cols <= rows) & (cols > rows - 8)
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.2, mask=chosen, sinks=sinks)
+    got = attention.attention(q, k, v, scale=0.2, mask=chosen, sinks=sinks)
+    assert max_difference(got, expected) < 1e-5
+    drowned = attention.attention(q, k, v, scale=0.2, mask=chosen, sinks=mx.full((8,), 1e4))
+    assert float(mx.max(mx.abs(drowned))) < 1e-6
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 20, 30), (1, 8, 20, 30), (20, 30)])
 def test_boolean_and_additive_masks(shape: tuple[int, ...]) -> None:
     q, k, v = random_qkv(20, 30)
