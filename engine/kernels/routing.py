@@ -2,7 +2,7 @@
 or fp32 weights, `QuantizedEmbedding.as_linear` (a tied head) and the sharded linears that tensor
 parallelism uses; a mixture of experts' `QuantizedSwitchLinear` (mlx-lm's `SwitchGLU` and
 `SwitchMLP`: `mx.gather_qmm`); its `RMSNorm`s; and its rotary embeddings (`nn.RoPE` and mlx-lm's
-`Llama3RoPE`). Each routed layer gets a subclass of its own class whose
+`Llama3RoPE` and `YarnRoPE`). Each routed layer gets a subclass of its own class whose
 forward pass calls the kernels; its weights and parameters are untouched, so loading, sharding
 and the ring see the same module tree. mlx-lm's `swiglu`, which its model modules import by
 name, is routed in those modules, and the `mx.logsumexp` that normalises the logits at every
@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.nn.layers import distributed
-from mlx_lm.models.rope_utils import Llama3RoPE
+from mlx_lm.models.rope_utils import Llama3RoPE, YarnRoPE
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from engine import kernels
@@ -144,7 +144,18 @@ def _llama3_rope(self: Any, x: mx.array, offset: int | mx.array = 0) -> mx.array
     return kernels.rope(x, _freqs_inv(self._freqs), offset, self.dims, self.traditional, 1.0)
 
 
-_ROPE_FORWARD = {nn.RoPE: _rope, Llama3RoPE: _llama3_rope}
+def _yarn_rope(
+    self: Any, x: mx.array, offset: int | mx.array = 0, scale: float = 1.0, inverse: bool = False
+) -> mx.array:
+    # gpt-oss's: the input scaled by mscale, then rotated by its own frequencies. Rotating only
+    # some of the features, or backwards, stays on mlx-lm's way.
+    if inverse or scale != 1.0 or not _rope_covers(x) or x.shape[-1] != self.dims:
+        return YarnRoPE.__call__(self, x, offset, scale, inverse)
+    scaled = x * self.mscale if self.mscale != 1.0 else x  # x.at[..., :dims].multiply, all dims
+    return kernels.rope(scaled, _freqs_inv(self._freqs), offset, self.dims, self.traditional, 1.0)
+
+
+_ROPE_FORWARD = {nn.RoPE: _rope, Llama3RoPE: _llama3_rope, YarnRoPE: _yarn_rope}
 
 _QUANTIZED_FORWARD = {
     nn.QuantizedLinear: ("__call__", _quantized_linear),

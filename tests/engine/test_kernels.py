@@ -554,6 +554,24 @@ def test_llama3_rope_runs_on_the_kernel_with_its_own_frequencies() -> None:
         routing.uninstall(model)
 
 
+def test_yarn_rope_runs_on_the_kernel_with_its_scale_and_frequencies() -> None:
+    """gpt-oss's rope (yarn: the input scaled by mscale, its own frequencies): the same values."""
+    from mlx_lm.models.rope_utils import YarnRoPE
+
+    layer = YarnRoPE(64, traditional=False, base=150000.0, scaling_factor=32.0,
+                     original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0)  # fmt: skip
+    assert layer.mscale != 1.0
+    x = mx.random.normal((1, 8, 5, 64), key=mx.random.key(5)).astype(mx.bfloat16)
+    expected = [layer(x, offset=3000), layer(x, offset=7, inverse=True)]
+    model = nn.Sequential(layer)
+    assert routing.install(model) == 1 and type(layer).__name__ == "CpuYarnRoPE"
+    try:
+        assert mx.array_equal(layer(x, offset=3000), expected[0])
+        assert mx.array_equal(layer(x, offset=7, inverse=True), expected[1])
+    finally:
+        routing.uninstall(model)
+
+
 def test_a_models_rotary_embeddings_run_on_the_kernel(kernel_models: dict[str, Path]) -> None:
     loaded = load_model_sync(kernel_models["qwen3-q4-g32"])
     ropes = [m for _, m in loaded.model.named_modules() if isinstance(m, nn.RoPE)]

@@ -34,24 +34,27 @@ void prepare_byte_x(const uint16_t* x, int rows, int k, bool fp4, int8_t* out, f
       for (int g = 0; g < 4; ++g) {
         const int first = b * BYTE_BLOCK + 32 * g;
         if (first >= k) break;
-        float top = 0.0f;
-        bool finite = true;
-        for (int i = 0; i < 32; ++i) {
-          const float v = bf16_to_float(row[first + i]);
-          finite = finite && std::isfinite(v);
-          top = std::max(top, std::fabs(v));
-        }
+        // 32 values as two vectors of 16 floats.
+        __m512 v[2];
+        for (int h = 0; h < 2; ++h)
+          v[h] = _mm512_castsi512_ps(_mm512_slli_epi32(
+              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + first + 16 * h))), 16));
+        const __m512 a0 = _mm512_abs_ps(v[0]), a1 = _mm512_abs_ps(v[1]);
+        const __m512 largest = _mm512_set1_ps(3.4028235e38f);
+        const bool finite = (_mm512_cmp_ps_mask(a0, largest, _CMP_NLE_UQ) |
+                             _mm512_cmp_ps_mask(a1, largest, _CMP_NLE_UQ)) == 0;
+        const float top = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
         // As the other paths: a group under 1e-34 counts as zeros, and a group with a value that
         // is not finite gets a NaN step, so that the output is too and is computed again.
         const bool usable = finite && top >= 1e-34f;
-        const float inverse = usable ? 127.0f / top : 0.0f;
+        const __m512 inverse = _mm512_set1_ps(usable ? 127.0f / top : 0.0f);
         steps[g] = !finite ? std::numeric_limits<float>::quiet_NaN() : usable ? top / 127.0f : 0.0f;
         int total = 0;
-        for (int i = 0; i < 32; ++i) {
-          const float v = finite ? bf16_to_float(row[first + i]) : 0.0f;
-          const int q = static_cast<int>(std::nearbyint(v * inverse));
-          values[32 * g + i] = static_cast<int8_t>(q);
-          total += q;
+        for (int h = 0; h < 2; ++h) {
+          // Rounded to the nearest, ties to even (the default rounding mode).
+          const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], inverse));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(values + 32 * g + 16 * h), _mm512_cvtsepi32_epi8(q));
+          total += _mm512_reduce_add_epi32(q);
         }
         sums[static_cast<std::size_t>(m) * (k / 32) + first / 32] = static_cast<float>(total) * steps[g];
       }
