@@ -310,8 +310,10 @@ _MIXIN_INDICES = frozenset({"start_idx", "end_idx"})
 
 def _reindex(holder: nn.Module, card: ModelCard, start: int, end: int, total: int) -> None:
     """Some models pick masks from the cache of the first layer of each type (llama's fa_idx
-    and swa_idx over its layer_types). Point them at the first owned layer of that type (None
-    when this rank has none); refuse, before anything loads, indices that mean anything else."""
+    and swa_idx over its layer_types, gpt-oss's ga_idx and swa_idx). Point them at the first
+    owned layer of that type, or at the rank's first layer when it owns none (the mask made
+    there is then used by no layer: mlx-lm's gpt_oss indexes the caches with both unchecked);
+    refuse, before anything loads, indices that mean anything else."""
     indices = {
         name: value
         for name, value in vars(holder).items()
@@ -332,7 +334,7 @@ def _reindex(holder: nn.Module, card: ModelCard, start: int, end: int, total: in
     owned_types = types[start:end]
     for name, value in indices.items():
         kind = types[value]
-        setattr(holder, name, owned_types.index(kind) if kind in owned_types else None)
+        setattr(holder, name, owned_types.index(kind) if kind in owned_types else 0)
     holder.layer_types = owned_types
 
 

@@ -387,7 +387,7 @@ def test_layer_indices_are_re_pointed_or_refused(card: ModelCard) -> None:
     _reindex(holder, card, 2, 4, 4)
     assert (holder.fa_idx, holder.swa_idx, holder.layer_types) == (1, 0, ["sliding", "full"])
     _reindex(holder, card, 1, 2, 2)  # now ["full"]: no sliding layer on this rank
-    assert (holder.fa_idx, holder.swa_idx) == (0, None)
+    assert (holder.fa_idx, holder.swa_idx) == (0, 0)  # the rank's first layer, a mask unused
 
     holder.layer_types = ["sliding", "full", "sliding", "full"]
     holder.swa_idx, holder.shared_kv_idx = 0, 2  # 2 is not the first layer of its type
