@@ -558,8 +558,9 @@ def test_yarn_rope_runs_on_the_kernel_with_its_scale_and_frequencies() -> None:
     """gpt-oss's rope (yarn: the input scaled by mscale, its own frequencies): the same values."""
     from mlx_lm.models.rope_utils import YarnRoPE
 
-    layer = YarnRoPE(64, traditional=False, base=150000.0, scaling_factor=32.0,
-                     original_max_position_embeddings=4096, beta_fast=32.0, beta_slow=1.0)  # fmt: skip
+    yarn = {"scaling_factor": 32.0, "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0, "beta_slow": 1.0}  # fmt: skip
+    layer = YarnRoPE(64, traditional=False, base=150000.0, **yarn)
     assert layer.mscale != 1.0
     x = mx.random.normal((1, 8, 5, 64), key=mx.random.key(5)).astype(mx.bfloat16)
     expected = [layer(x, offset=3000), layer(x, offset=7, inverse=True)]
