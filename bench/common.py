@@ -236,3 +236,16 @@ def summary(result: dict[str, Any]) -> str:
         return result["error"]
     prefill = ", ".join(f"{n}: {tps:.1f}" for n, tps in result["prefill_tps"].items())
     return f"prefill tok/s {prefill}; decode {figure(result['decode_tps'])} tok/s"
+
+
+def median(runs: list[dict[str, Any]], key: str, n: int | None) -> float | None:
+    """The median of a figure over runs (`key`, or its entry for `n` tokens), leaving out the
+    runs that did not give it."""
+    values: list[float] = []
+    for run in runs:
+        value = run.get(key)
+        if isinstance(value, dict):
+            value = value.get(str(n))  # pyright: ignore[reportUnknownMemberType]
+        if isinstance(value, int | float) and value > 0:
+            values.append(float(value))
+    return statistics.median(values) if values else None

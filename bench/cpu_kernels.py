@@ -473,14 +473,7 @@ def print_tables(
     args: argparse.Namespace,
 ) -> None:
     def median(variant: str, who: str, key: str, n: int | None = None) -> float | None:
-        values: list[float] = []
-        for run in runs.get((variant, who), []):
-            value = run.get(key)
-            if isinstance(value, dict):
-                value = value.get(str(n))  # pyright: ignore[reportUnknownMemberType]
-            if isinstance(value, int | float) and value > 0:
-                values.append(float(value))
-        return statistics.median(values) if values else None
+        return common.median(runs.get((variant, who), []), key, n)
 
     print()
     print(

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import shutil
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -140,15 +139,7 @@ def best_llama(results: dict[str, dict[str, Any]], key: str, n: int | None) -> t
     return best
 
 
-def median(runs: list[dict[str, Any]], key: str, n: int | None) -> float | None:
-    values: list[float] = []
-    for run in runs:
-        value = run.get(key)
-        if isinstance(value, dict):
-            value = value.get(str(n))  # pyright: ignore[reportUnknownMemberType]
-        if isinstance(value, int | float) and value > 0:
-            values.append(float(value))
-    return statistics.median(values) if values else None
+median = common.median
 
 
 def bench_model(name: str, shape: MoeShape, args: argparse.Namespace, bin_dir: Path | None,

@@ -118,17 +118,10 @@ inline void byte_dot8_block(const QuantizedArgs& a, int n, int m0) {
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int m = 0; m < MR; ++m) {
-      const float* sums = xsum + static_cast<std::size_t>(m) * groups;
-      __m512 bias = _mm512_setzero_ps();
-      int g = 0;
-      for (; g + 16 <= groups; g += 16)
-        bias = _mm512_fmadd_ps((__m512)load_bf16(&biases[r][g].bits), (__m512)load(sums + g), bias);
-      float tail = 0.0f;
-      for (; g < groups; ++g) tail += to_float(biases[r][g]) * sums[g];
+    for (int m = 0; m < MR; ++m)
       a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n + r] =
-          _mm512_reduce_add_ps(total[r][m]) + _mm512_reduce_add_ps(bias) + tail;
-    }
+          _mm512_reduce_add_ps(total[r][m]) +
+          bias_term(biases[r], xsum + static_cast<std::size_t>(m) * groups, groups);
 }
 
 template <int MR, int NR>

@@ -376,6 +376,17 @@ inline __m512 block_scales(const uint16_t* scales, int b) {
 constexpr std::size_t PREFETCH_AHEAD = 4096;
 constexpr std::size_t L2_AHEAD = 3 * PREFETCH_AHEAD;
 
+// The biases' term of a weight row's output: the sum over its groups of bias times x's sum.
+inline float bias_term(const bf16* biases, const float* sums, int groups) {
+  __m512 bias = _mm512_setzero_ps();
+  int g = 0;
+  for (; g + 16 <= groups; g += 16)
+    bias = _mm512_fmadd_ps((__m512)load_bf16(&biases[g].bits), (__m512)load(sums + g), bias);
+  float tail = 0.0f;
+  for (; g < groups; ++g) tail += to_float(biases[g]) * sums[g];
+  return _mm512_reduce_add_ps(bias) + tail;
+}
+
 template <int MR, int NR, int GS>
 inline void nibble_dot_block(const QuantizedArgs& a, int n, int m0) {
   const int k_all = a.k, groups = k_all / GS, blocks = k_all / 128;
@@ -421,17 +432,10 @@ inline void nibble_dot_block(const QuantizedArgs& a, int n, int m0) {
     }
   }
   for (int r = 0; r < NR; ++r)
-    for (int m = 0; m < MR; ++m) {
-      const float* sums = xsum + static_cast<std::size_t>(m) * groups;
-      __m512 bias = _mm512_setzero_ps();
-      int g = 0;
-      for (; g + 16 <= groups; g += 16)
-        bias = _mm512_fmadd_ps((__m512)load_bf16(&biases_in[r][g].bits), (__m512)load(sums + g), bias);
-      float tail = 0.0f;
-      for (; g < groups; ++g) tail += to_float(biases_in[r][g]) * sums[g];
+    for (int m = 0; m < MR; ++m)
       a.out[static_cast<std::size_t>(m0 + m) * a.ldo + n + r] =
-          _mm512_reduce_add_ps(total[r][m]) + _mm512_reduce_add_ps(bias) + tail;
-    }
+          _mm512_reduce_add_ps(total[r][m]) +
+          bias_term(biases_in[r], xsum + static_cast<std::size_t>(m) * groups, groups);
 }
 
 // x (bf16, rows of k values, k a multiple of 128) for nibble_dot_block: each 32 values scaled
