@@ -150,7 +150,8 @@ def _yarn_rope(
     # gpt-oss's: the input scaled by mscale, then rotated by its own frequencies. Rotating only
     # some of the features, or backwards, stays on mlx-lm's way.
     if inverse or scale != 1.0 or not _rope_covers(x) or x.shape[-1] != self.dims:
-        return YarnRoPE.__call__(self, x, offset, scale, inverse)
+        original: Any = YarnRoPE.__call__  # (typed for an int offset; it takes an array too)
+        return original(self, x, offset, scale, inverse)
     scaled = x * self.mscale if self.mscale != 1.0 else x  # x.at[..., :dims].multiply, all dims
     return kernels.rope(scaled, _freqs_inv(self._freqs), offset, self.dims, self.traditional, 1.0)
 
