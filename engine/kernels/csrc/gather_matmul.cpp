@@ -65,10 +65,13 @@ long run_gather_quantized_matmul(const void* x_in, Scalar x_type, int m, int k, 
   char* out_bytes = static_cast<char*>(out);
 
   // Pairs by expert (a counting sort); a pair whose index is out of range gets NaN, not a read.
+  const auto in_range = [&](int t) {
+    return e[t] < static_cast<uint32_t>(experts) && xi[t] < static_cast<uint32_t>(x_count);
+  };
   long refused = 0;
   g.starts.assign(static_cast<std::size_t>(experts) + 1, 0);
   for (int t = 0; t < pairs; ++t) {
-    if (e[t] >= static_cast<uint32_t>(experts) || xi[t] >= static_cast<uint32_t>(x_count)) {
+    if (!in_range(t)) {
       std::vector<float> nan(static_cast<std::size_t>(m) * n, std::numeric_limits<float>::quiet_NaN());
       isa.from_f32(nan.data(), out_type, nan.size(), out_bytes + t * pair_out);
       ++refused;
@@ -81,8 +84,7 @@ long run_gather_quantized_matmul(const void* x_in, Scalar x_type, int m, int k, 
   {
     std::vector<int> next(g.starts.begin(), g.starts.end() - 1);
     for (int t = 0; t < pairs; ++t)
-      if (e[t] < static_cast<uint32_t>(experts) && xi[t] < static_cast<uint32_t>(x_count))
-        g.order[next[e[t]]++] = t;
+      if (in_range(t)) g.order[next[e[t]]++] = t;
   }
   const int routed = g.starts[experts];
   if (routed == 0) return refused;

@@ -153,6 +153,13 @@ void redo_non_finite(const Isa& isa, const float* x, const void* x_in, Scalar x_
 }
 
 
+// `bytes` of `buffer` on a 64-byte line: each 64-byte load then reads one line, not parts of two.
+int8_t* aligned_bytes(std::vector<int8_t>& buffer, std::size_t bytes) {
+  buffer.resize(std::max(buffer.size(), bytes + 64));
+  const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
+  return buffer.data() + (64 - address % 64) % 64;
+}
+
 // `layout`: whether any row of the weights runs as a GEMV (the tiles take x as it came);
 // `tiles`: whether some run on AMX tiles (which take the exact sums of x for the biases' term).
 // Returns x in fp32 as `x`, except on the 8-bit path (nullptr: it reads only the integers).
@@ -164,37 +171,31 @@ GemvX prepare_x(const Isa& isa, Scratch& s, const void* x_in, Scalar x_type, int
   const int groups = k / group_size;
   float* sums = sized(s.sums, static_cast<std::size_t>(rows) * groups);
   out.sums = sums;
-  if (byte_dot && layout && !tiles) {
-    s.byte_x.resize(std::max(s.byte_x.size(), byte_x_bytes(rows, k) + 64));
-    const auto address = reinterpret_cast<std::uintptr_t>(s.byte_x.data());
-    int8_t* xb = s.byte_x.data() + (64 - address % 64) % 64;
-    float* sums32 = sized(s.sums32, x_count / 32);
-    isa.prepare_byte_x(static_cast<const uint16_t*>(x_in), rows, k, mxfp4, xb, sums32);
-    out.xb = xb;
-    const int per_group = group_size / 32;  // the biases' term takes the sums as rounded
-    for (std::size_t g = 0; g < static_cast<std::size_t>(rows) * groups; ++g) {
-      float total = 0.0f;
-      for (int i = 0; i < per_group; ++i) total += sums32[g * per_group + i];
-      sums[g] = total;
-    }
-    return out;
-  }
-  // 8-bit integers take x in steps of 512 values (the last of 256; see int8_x_offset).
-  if (nibble_dot && layout && !tiles && rows >= int8_min_rows && k % 256 == 0) {
-    // On a 64-byte line: each 64-byte load then reads one line, not parts of two.
-    s.int8_x.resize(std::max(s.int8_x.size(), int8_x_bytes(rows, k) + 64));
-    const auto address = reinterpret_cast<std::uintptr_t>(s.int8_x.data());
-    int8_t* xq = s.int8_x.data() + (64 - address % 64) % 64;
-    float* sums32 = sized(s.sums32, x_count / 32);
-    isa.prepare_int8_x(static_cast<const uint16_t*>(x_in), rows, k, xq, sums32);
-    out.xq8 = xq;
-    // The biases' term takes the sums of x as rounded (see prepare_int8_x).
+  // x as 8-bit integers: the biases' term takes the sums of x as rounded, each group's from its
+  // 32s' (see prepare_int8_x and prepare_byte_x).
+  const auto group_sums = [&](const float* sums32) {
     const int per_group = group_size / 32;
     for (std::size_t g = 0; g < static_cast<std::size_t>(rows) * groups; ++g) {
       float total = 0.0f;
       for (int i = 0; i < per_group; ++i) total += sums32[g * per_group + i];
       sums[g] = total;
     }
+  };
+  if (byte_dot && layout && !tiles) {
+    int8_t* xb = aligned_bytes(s.byte_x, byte_x_bytes(rows, k));
+    float* sums32 = sized(s.sums32, x_count / 32);
+    isa.prepare_byte_x(static_cast<const uint16_t*>(x_in), rows, k, mxfp4, xb, sums32);
+    out.xb = xb;
+    group_sums(sums32);
+    return out;
+  }
+  // 8-bit integers take x in steps of 512 values (the last of 256; see int8_x_offset).
+  if (nibble_dot && layout && !tiles && rows >= int8_min_rows && k % 256 == 0) {
+    int8_t* xq = aligned_bytes(s.int8_x, int8_x_bytes(rows, k));
+    float* sums32 = sized(s.sums32, x_count / 32);
+    isa.prepare_int8_x(static_cast<const uint16_t*>(x_in), rows, k, xq, sums32);
+    out.xq8 = xq;
+    group_sums(sums32);
     return out;
   }
   out.x = as_f32(isa, x_in, x_type, x_count, s.x);

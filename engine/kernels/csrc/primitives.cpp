@@ -170,7 +170,6 @@ QuantizedFormat check_quantized(const mx::array& x, const mx::array& w, const mx
     throw std::invalid_argument(message.str());
   }
   if (x.ndim() < 1) throw std::invalid_argument("x must have at least one dimension");
-  const int n = w.shape(-2);
   const int k = w.shape(-1) * 32 / bits;
   if (x.shape(-1) != k) {
     std::ostringstream message;
@@ -192,7 +191,6 @@ QuantizedFormat check_quantized(const mx::array& x, const mx::array& w, const mx
   if (scales.dtype() != biases->dtype())
     throw std::invalid_argument("scales and biases must share a dtype");
   scalar_of(scales.dtype(), "scales");
-  (void)n;
   return {false, mx::promote_types(x.dtype(), scales.dtype())};
 }
 
