@@ -136,6 +136,38 @@ def run_worker(
 # --------------------------------------------------------------------------- llama.cpp
 
 
+# llama.cpp's settings a bench tries, keeping the best that runs: its CPU repacking of the weights
+# on (its default) and off, the weights mapped or read in.
+LLAMA_SETTINGS = {
+    "repack 1, -lm mmap": ["--repack", "1", "-lm", "mmap"],
+    "repack 1, -lm none": ["--repack", "1", "-lm", "none"],
+    "repack 0, -lm mmap": ["--repack", "0", "-lm", "mmap"],
+    "repack 0, -lm none": ["--repack", "0", "-lm", "none"],
+}
+
+
+def best_of_settings(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One result of llama-bench's best figures over its settings' results, with the setting that
+    gave each (`best_setting`, by figure) and the settings that failed (`failed`)."""
+    best: dict[str, Any] = {"prefill_tps": {}, "decode_tps": None, "best_setting": {}}
+    for setting, result in results.items():
+        if "error" in result:
+            best.setdefault("failed", {})[setting] = result["error"]
+            continue
+        best.setdefault("build", result.get("build"))
+        for n, value in result.get("prefill_tps", {}).items():
+            if value > best["prefill_tps"].get(n, 0.0):
+                best["prefill_tps"][n] = value
+                best["best_setting"][f"prefill {n}"] = setting
+        decode = result.get("decode_tps")
+        if decode is not None and decode > (best["decode_tps"] or 0.0):
+            best["decode_tps"] = decode
+            best["best_setting"]["decode"] = setting
+    if best["decode_tps"] is None and not best["prefill_tps"]:
+        return {"error": "; ".join(f"{k}: {v}" for k, v in best.get("failed", {}).items())}
+    return best
+
+
 def llama_bench(
     bin_dir: Path,
     model: Path,

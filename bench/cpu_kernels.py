@@ -293,10 +293,15 @@ def ensure_models(shape: dict[str, int], folder: Path, threads: int) -> dict[str
 def llama_bench(
     bin_dir: Path, model: Path, threads: int, prompts: list[int], rounds: int
 ) -> dict[str, Any]:
-    """llama-bench's averages. --repack 0: the CPU repacking of Q4_0 (into interleaved blocks)
-    crashed on this machine, and the engine reads its weights as stored too."""
-    options = ["--repack", "0"]
-    return common.llama_bench(bin_dir, model, threads, prompts, DECODE_TOKENS, rounds, options)
+    """llama-bench's best averages over its settings (repack on and off, weights mapped and read
+    in): a setting that crashes (the repack did on the Intel machine) did not run."""
+    results = {
+        setting: common.llama_bench(
+            bin_dir, model, threads, prompts, DECODE_TOKENS, rounds, options
+        )
+        for setting, options in common.LLAMA_SETTINGS.items()
+    }
+    return common.best_of_settings(results)
 
 
 # --------------------------------------------------------------------------- kernels alone
@@ -460,6 +465,10 @@ def main() -> None:
                              args.rounds)  # fmt: skip
         runs[(variant, "llama_cpp")] = [result]
         print(f"{variant} llama.cpp {GGUF_NAMES[variant][1]}: {summary(result)}", flush=True)
+        for figure_name, setting in result.get("best_setting", {}).items():
+            print(f"  llama.cpp's best {figure_name}: {setting}", flush=True)
+        for setting, error in result.get("failed", {}).items():
+            print(f"  llama.cpp {setting} did not run: {error}", flush=True)
 
     print_tables(runs, kernel_rows, bandwidth[threads], threads, kernels_line, args)
 
@@ -478,7 +487,8 @@ def print_tables(
     print()
     print(
         f"{threads} threads; engine kernels: {kernels_line}; engine: median over {args.rounds} "
-        f"processes; llama.cpp: llama-bench -r {args.rounds} --repack 0 (its average)"
+        f"processes; llama.cpp: llama-bench -r {args.rounds} (its average), the best of repack "
+        "on/off and weights mapped/read in (each figure's setting above)"
     )
     print(
         "engine: its loader (the kernels, its numpy attention, the system OpenBLAS); mlx-lm: "

@@ -43,12 +43,7 @@ PROMPTS = (64, 512)
 DECODE_TOKENS = 32
 # llama-bench's settings: its repack (rows interleaved for its fastest CPU kernels; on by
 # default) and its load mode (-lm: mmap maps the file, none reads it into memory).
-LLAMA_SETTINGS = {
-    "repack 1, -lm mmap": ["--repack", "1", "-lm", "mmap"],
-    "repack 1, -lm none": ["--repack", "1", "-lm", "none"],
-    "repack 0, -lm mmap": ["--repack", "0", "-lm", "mmap"],
-    "repack 0, -lm none": ["--repack", "0", "-lm", "none"],
-}
+LLAMA_SETTINGS = common.LLAMA_SETTINGS
 WHO = ("exo_tui", "mlx_lm", "llama_cpp")
 
 
